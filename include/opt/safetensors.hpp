@@ -1,0 +1,394 @@
+// The safetensors format: parse and validate a file (memory-mapped, zero-copy), open a checkpoint that is one
+// file or several shards with an index, and write files. Knows nothing about models.
+//
+// File layout: u64 little-endian N | N bytes of JSON header | data. The header maps tensor names to
+// {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the start of data) and may hold a
+// "__metadata__" object of string -> string. Every rule below is checked when a file is opened, so a view
+// handed out by this header is always inside the mapping and of the size its dtype and shape say.
+#pragma once
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "opt/detail/mmap.hpp"
+#include "opt/error.hpp"
+
+OPT_NAMESPACE_BEGIN
+
+enum class dtype { F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3, F8_E5M2 };
+
+inline const char* to_string(dtype t) noexcept {
+  switch (t) {
+    case dtype::F64: return "F64";
+    case dtype::F32: return "F32";
+    case dtype::F16: return "F16";
+    case dtype::BF16: return "BF16";
+    case dtype::I64: return "I64";
+    case dtype::I32: return "I32";
+    case dtype::I16: return "I16";
+    case dtype::I8: return "I8";
+    case dtype::U64: return "U64";
+    case dtype::U32: return "U32";
+    case dtype::U16: return "U16";
+    case dtype::U8: return "U8";
+    case dtype::BOOL: return "BOOL";
+    case dtype::F8_E4M3: return "F8_E4M3";
+    case dtype::F8_E5M2: return "F8_E5M2";
+  }
+  return "?";
+}
+
+inline size_t dtype_size(dtype t) noexcept {
+  switch (t) {
+    case dtype::F64: case dtype::I64: case dtype::U64: return 8;
+    case dtype::F32: case dtype::I32: case dtype::U32: return 4;
+    case dtype::F16: case dtype::BF16: case dtype::I16: case dtype::U16: return 2;
+    default: return 1;
+  }
+}
+
+inline std::optional<dtype> dtype_from_string(std::string_view s) noexcept {
+  static constexpr dtype all[] = {dtype::F64, dtype::F32, dtype::F16, dtype::BF16, dtype::I64,
+                                  dtype::I32, dtype::I16, dtype::I8,  dtype::U64,  dtype::U32,
+                                  dtype::U16, dtype::U8,  dtype::BOOL, dtype::F8_E4M3, dtype::F8_E5M2};
+  for (dtype t : all)
+    if (s == to_string(t)) return t;
+  return std::nullopt;
+}
+
+inline std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// A tensor inside a mapped file: where its bytes are, and what they are. Valid while its file lives.
+struct TensorView {
+  std::string name;
+  dtype type = dtype::F32;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;
+  size_t nbytes = 0;
+  std::string file;  // the file it came from, for messages
+
+  size_t numel() const noexcept {
+    size_t n = 1;
+    for (int64_t d : shape) n *= size_t(d);
+    return n;
+  }
+};
+
+class SafetensorsFile {
+ public:
+  // Memory-maps and validates `path`.
+  static SafetensorsFile open(const std::filesystem::path& path) {
+    SafetensorsFile f;
+    f.map_ = std::make_shared<detail::MappedFile>(path);
+    f.parse(f.map_->data(), f.map_->size(), f.map_->path());
+    return f;
+  }
+  // Validates bytes held in memory (the file owns a copy). `name` is used in messages.
+  static SafetensorsFile from_bytes(std::string bytes, const std::string& name = "<memory>") {
+    SafetensorsFile f;
+    f.owned_ = std::make_shared<std::string>(std::move(bytes));
+    f.parse(reinterpret_cast<const std::byte*>(f.owned_->data()), f.owned_->size(), name);
+    return f;
+  }
+
+  const std::vector<TensorView>& tensors() const noexcept { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  const std::string& path() const noexcept { return path_; }
+  const TensorView* find(std::string_view name) const {
+    auto it = index_.find(std::string(name));
+    return it == index_.end() ? nullptr : &tensors_[it->second];
+  }
+  // Bytes of the whole file (mapped or owned).
+  size_t file_size() const noexcept { return map_ ? map_->size() : (owned_ ? owned_->size() : 0); }
+  void will_need() const noexcept {
+    if (map_) map_->will_need();
+  }
+
+ private:
+  void parse(const std::byte* base, size_t size, const std::string& path) {
+    path_ = path;
+    if (size < 8)
+      throw format_error(path + ": file is " + std::to_string(size) + " bytes, too short for the 8-byte header length");
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | uint64_t(std::to_integer<uint8_t>(base[i]));
+    if (n > uint64_t(OPT_MAX_HEADER_BYTES))
+      throw format_error(path + ": header length " + std::to_string(n) + " exceeds the limit of " +
+                         std::to_string(uint64_t(OPT_MAX_HEADER_BYTES)) + " bytes");
+    if (n > size - 8)
+      throw format_error(path + ": header length " + std::to_string(n) + " goes beyond the file (" +
+                         std::to_string(size) + " bytes)");
+    if (n < 2) throw format_error(path + ": header of " + std::to_string(n) + " bytes cannot hold a JSON object");
+    const char* hdr = reinterpret_cast<const char*>(base + 8);
+    const std::byte* data = base + 8 + n;
+    const size_t data_size = size - 8 - size_t(n);
+    // The format pads the header with trailing spaces, which JSON allows. simdjson's DOM parser validates the
+    // whole document (on-demand would skip what it does not visit).
+    simdjson::dom::parser parser;
+    struct Span { size_t begin, end, idx; };
+    std::vector<Span> spans;
+    try {
+      simdjson::dom::element root = parser.parse(hdr, size_t(n));
+      if (!root.is_object()) throw format_error(path + ": the JSON header is not an object");
+      for (auto field : root.get_object()) {
+        std::string key(field.key);
+        simdjson::dom::element v = field.value;
+        if (key == "__metadata__") {
+          if (!v.is_object()) throw format_error(path + ": __metadata__ must be an object");
+          for (auto m : v.get_object()) {
+            if (!m.value.is_string())
+              throw format_error(path + ": __metadata__[\"" + std::string(m.key) + "\"] must be a string");
+            metadata_[std::string(m.key)] = std::string(std::string_view(m.value.get_string()));
+          }
+          continue;
+        }
+        if (index_.count(key)) throw format_error(path + ": tensor '" + key + "' appears twice in the header");
+        if (tensors_.size() >= OPT_MAX_TENSORS)
+          throw format_error(path + ": more than " + std::to_string(OPT_MAX_TENSORS) + " tensors");
+        if (!v.is_object()) throw format_error(path + ": tensor '" + key + "' must be described by an object");
+        TensorView t;
+        t.name = key;
+        t.file = path;
+        bool has_dtype = false, has_shape = false, has_offsets = false;
+        uint64_t begin = 0, end = 0;
+        for (auto tf : v.get_object()) {
+          std::string_view tk = tf.key;
+          simdjson::dom::element tv = tf.value;
+          if (tk == "dtype") {
+            if (!tv.is_string()) throw format_error(path + ": tensor '" + key + "' dtype must be a string");
+            std::string_view ds = tv.get_string();
+            auto d = dtype_from_string(ds);
+            if (!d) throw format_error(path + ": tensor '" + key + "' has unknown dtype '" + std::string(ds) + "'");
+            t.type = *d;
+            has_dtype = true;
+          } else if (tk == "shape") {
+            if (!tv.is_array()) throw format_error(path + ": tensor '" + key + "' shape must be an array");
+            for (auto dim : tv.get_array()) {
+              if (!dim.is_int64() && !dim.is_uint64())
+                throw format_error(path + ": tensor '" + key + "' shape must hold integers");
+              if (dim.is_uint64() && !dim.is_int64())
+                throw format_error(path + ": tensor '" + key + "' has a dimension beyond 2^63");
+              int64_t d = dim.get_int64();
+              if (d < 0)
+                throw format_error(path + ": tensor '" + key + "' has negative dimension " + std::to_string(d));
+              if (t.shape.size() >= 16) throw format_error(path + ": tensor '" + key + "' has more than 16 dimensions");
+              t.shape.push_back(d);
+            }
+            has_shape = true;
+          } else if (tk == "data_offsets") {
+            if (!tv.is_array()) throw format_error(path + ": tensor '" + key + "' data_offsets must be an array");
+            int k = 0;
+            for (auto o : tv.get_array()) {
+              if (!o.is_uint64())
+                throw format_error(path + ": tensor '" + key + "' data_offsets must hold non-negative integers");
+              uint64_t x = o.get_uint64();
+              if (k == 0) begin = x;
+              else if (k == 1) end = x;
+              ++k;
+            }
+            if (k != 2)
+              throw format_error(path + ": tensor '" + key + "' data_offsets must hold 2 numbers, found " +
+                                 std::to_string(k));
+            has_offsets = true;
+          } else {
+            throw format_error(path + ": tensor '" + key + "' has unexpected key '" + std::string(tk) + "'");
+          }
+        }
+        if (!has_dtype || !has_shape || !has_offsets)
+          throw format_error(path + ": tensor '" + key + "' lacks " +
+                             (!has_dtype ? "dtype" : !has_shape ? "shape" : "data_offsets"));
+        if (begin > end || end > data_size)
+          throw format_error(path + ": tensor '" + key + "' data_offsets [" + std::to_string(begin) + ", " +
+                             std::to_string(end) + "] are outside the data section of " +
+                             std::to_string(data_size) + " bytes");
+        // numel * element size, with overflow checks
+        uint64_t bytes = dtype_size(t.type);
+        for (int64_t d : t.shape) {
+          if (d != 0 && bytes > UINT64_MAX / uint64_t(d))
+            throw format_error(path + ": tensor '" + key + "' shape " + shape_string(t.shape) + " overflows");
+          bytes *= uint64_t(d);
+        }
+        if (bytes != end - begin)
+          throw format_error(path + ": tensor '" + key + "' is " + to_string(t.type) + " " + shape_string(t.shape) +
+                             " = " + std::to_string(bytes) + " bytes, but data_offsets span " +
+                             std::to_string(end - begin) + " bytes");
+        t.data = data + begin;
+        t.nbytes = size_t(bytes);
+        spans.push_back({size_t(begin), size_t(end), tensors_.size()});
+        index_[key] = tensors_.size();
+        tensors_.push_back(std::move(t));
+      }
+    } catch (const simdjson::simdjson_error& e) {
+      throw format_error(path + ": malformed JSON header: " + e.what());
+    }
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < spans.size(); ++i) {
+      const Span& a = spans[i - 1];
+      const Span& b = spans[i];
+      if (b.begin < a.end && b.end > b.begin && a.end > a.begin)
+        throw format_error(path + ": tensors '" + tensors_[a.idx].name + "' and '" + tensors_[b.idx].name +
+                           "' overlap (bytes " + std::to_string(b.begin) + ".." + std::to_string(a.end) + ")");
+    }
+  }
+
+  std::shared_ptr<detail::MappedFile> map_;
+  std::shared_ptr<std::string> owned_;
+  std::string path_;
+  std::vector<TensorView> tensors_;
+  std::unordered_map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A checkpoint: one model.safetensors, or shards listed by model.safetensors.index.json. Tensor names are
+// unique across the shards.
+class Checkpoint {
+ public:
+  // `dir` holds model.safetensors or model.safetensors.index.json; `path` may also name a .safetensors file.
+  static Checkpoint open(const std::filesystem::path& path) {
+    namespace fs = std::filesystem;
+    Checkpoint c;
+    std::error_code ec;
+    if (fs::is_regular_file(path, ec) && path.extension() == ".safetensors") {
+      c.add(SafetensorsFile::open(path));
+      return c;
+    }
+    if (!fs::is_directory(path, ec)) throw io_error(path.string() + ": no such model directory");
+    fs::path single = path / "model.safetensors";
+    fs::path index = path / "model.safetensors.index.json";
+    if (fs::exists(single, ec)) {
+      c.add(SafetensorsFile::open(single));
+      return c;
+    }
+    if (!fs::exists(index, ec))
+      throw io_error(path.string() + ": found neither model.safetensors nor model.safetensors.index.json");
+    std::ifstream in(index, std::ios::binary);
+    if (!in) throw io_error(index.string() + ": cannot open");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw format_error(index.string() + ": malformed JSON: " + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw format_error(index.string() + ": expected an object with a \"weight_map\" object");
+    std::map<std::string, std::vector<std::string>> by_file;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) throw format_error(index.string() + ": weight_map[\"" + name + "\"] must be a file name");
+      std::string f = file.get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f == "." || f == "..")
+        throw format_error(index.string() + ": weight_map[\"" + name + "\"] = \"" + f + "\" is not a plain file name");
+      by_file[f].push_back(name);
+    }
+    for (auto& [file, names] : by_file) {
+      c.add(SafetensorsFile::open(path / file));
+      const SafetensorsFile& sf = c.files_.back();
+      for (auto& n : names)
+        if (!sf.find(n))
+          throw tensor_error(index.string() + ": weight_map puts '" + n + "' in " + file + ", which lacks it");
+    }
+    return c;
+  }
+
+  const TensorView* find(std::string_view name) const {
+    auto it = index_.find(std::string(name));
+    return it == index_.end() ? nullptr : it->second;
+  }
+  // Every tensor of every file, in file order.
+  std::vector<const TensorView*> tensors() const {
+    std::vector<const TensorView*> v;
+    for (auto& f : files_)
+      for (auto& t : f.tensors()) v.push_back(&t);
+    return v;
+  }
+  const std::vector<SafetensorsFile>& files() const noexcept { return files_; }
+  void add(SafetensorsFile f) {
+    files_.push_back(std::move(f));
+    index_.clear();  // views point into the files, which moved only as handles: rebuild the name map
+    for (auto& file : files_)
+      for (auto& t : file.tensors()) {
+        auto [it, fresh] = index_.emplace(t.name, &t);
+        if (!fresh)
+          throw format_error(t.file + ": tensor '" + t.name + "' is also in " + it->second->file);
+      }
+  }
+
+ private:
+  std::vector<SafetensorsFile> files_;
+  std::unordered_map<std::string, const TensorView*> index_;
+};
+
+// ---- writing ---------------------------------------------------------------------------------------------
+struct TensorData {
+  std::string name;
+  dtype type = dtype::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // numel * dtype_size bytes
+};
+
+// The header block of a safetensors file holding `tensors` in the given order: the u64 length and the JSON,
+// padded with spaces to a multiple of 8 bytes. The data follows it, tensor after tensor.
+inline std::string safetensors_header(const std::vector<TensorData>& tensors,
+                                      const std::map<std::string, std::string>& metadata = {}) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) h["__metadata__"] = metadata;
+  size_t off = 0;
+  for (auto& t : tensors) {
+    size_t n = dtype_size(t.type);
+    for (int64_t d : t.shape) {
+      if (d < 0) throw input_error("safetensors writer: tensor '" + t.name + "' has a negative dimension");
+      n *= size_t(d);
+    }
+    h[t.name] = {{"dtype", to_string(t.type)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+    off += n;
+  }
+  std::string json = h.dump();
+  while (json.size() % 8) json.push_back(' ');
+  std::string out;
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out.push_back(char((n >> (8 * i)) & 0xff));
+  return out + json;
+}
+
+inline size_t tensor_nbytes(const TensorData& t) {
+  size_t n = dtype_size(t.type);
+  for (int64_t d : t.shape) n *= size_t(d);
+  return n;
+}
+
+// The whole file in memory (tests, small files).
+inline std::string safetensors_bytes(const std::vector<TensorData>& tensors,
+                                     const std::map<std::string, std::string>& metadata = {}) {
+  std::string out = safetensors_header(tensors, metadata);
+  for (auto& t : tensors) out.append(static_cast<const char*>(t.data), tensor_nbytes(t));
+  return out;
+}
+
+// Streams the file to disk without building it in memory.
+inline void save_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors,
+                             const std::map<std::string, std::string>& metadata = {}) {
+  std::string header = safetensors_header(tensors, metadata);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw io_error(path.string() + ": cannot open for writing");
+  out.write(header.data(), std::streamsize(header.size()));
+  for (auto& t : tensors) out.write(static_cast<const char*>(t.data), std::streamsize(tensor_nbytes(t)));
+  out.flush();
+  if (!out) throw io_error(path.string() + ": write failed");
+}
+
+OPT_NAMESPACE_END
