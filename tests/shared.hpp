@@ -40,7 +40,8 @@ inline std::vector<float> read_f32(const std::filesystem::path& dir, const nlohm
 
 inline std::vector<std::string> fixture_models() {
   std::vector<std::string> names;
-  for (auto& m : read_json(shared_dir() / "fixtures" / "manifest.json").at("models")) names.push_back(m.at("dir"));
+  const nlohmann::json manifest = read_json(shared_dir() / "fixtures" / "manifest.json");
+  for (auto& m : manifest.at("models")) names.push_back(m.at("dir"));
   return names;
 }
 

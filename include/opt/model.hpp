@@ -1,0 +1,451 @@
+// opt::Model: OPTForCausalLM (transformers' modeling_opt.py) over weights loaded from a Hugging Face folder.
+// The model is const after load and can be shared by many sequences and threads; everything mutable lives in
+// caller-owned objects: a KvCache per sequence and a Workspace (scratch + thread pool) per calling thread.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "opt/config.hpp"
+#include "opt/error.hpp"
+#include "opt/ops.hpp"
+#include "opt/safetensors.hpp"
+#include "opt/thread_pool.hpp"
+
+OPT_NAMESPACE_BEGIN
+
+struct LinearWeights {
+  MatrixRef weight;           // [out_features, in_features]
+  const float* bias = nullptr;  // [out_features], null when enable_bias is false
+};
+
+struct LayerNormWeights {
+  const float* weight = nullptr;  // [dim], null when layer_norm_elementwise_affine is false
+  const float* bias = nullptr;    // [dim]
+};
+
+struct DecoderLayerWeights {
+  LinearWeights q_proj, k_proj, v_proj, out_proj;  // [hidden, hidden]
+  LayerNormWeights self_attn_layer_norm;           // [hidden]
+  LinearWeights fc1;                               // [ffn_dim, hidden]
+  LinearWeights fc2;                               // [hidden, ffn_dim]
+  LayerNormWeights final_layer_norm;               // [hidden]
+};
+
+struct ModelWeights {
+  MatrixRef embed_tokens;             // [vocab, word_embed_proj_dim]; also the tied lm_head
+  MatrixRef embed_positions;          // [max_position_embeddings + 2, hidden]
+  MatrixRef project_in;               // [hidden, word_embed_proj_dim], only when the two differ
+  MatrixRef project_out;              // [word_embed_proj_dim, hidden], only when the two differ
+  LayerNormWeights final_layer_norm;  // [hidden], only with do_layer_norm_before && !_remove_final_layer_norm
+  std::vector<DecoderLayerWeights> layers;
+};
+
+// What one tensor of the checkpoint should be: its name under the decoder (no prefix), its shape, and where it
+// goes. The single list of tensors (for_each_tensor) drives loading, shape checks and missing/unexpected reports.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  MatrixRef* matrix = nullptr;  // 2-D weights stay in their stored dtype (F32/F16/BF16)
+  const float** vec = nullptr;  // 1-D parameters are held as float
+};
+
+template <class F>
+void for_each_tensor(const Config& c, ModelWeights& w, F&& visit) {
+  const int64_t H = c.hidden_size, E = c.word_embed_proj_dim, V = c.vocab_size, F_ = c.ffn_dim;
+  visit(TensorSlot{"embed_tokens.weight", {V, E}, &w.embed_tokens, nullptr});
+  visit(TensorSlot{"embed_positions.weight", {c.max_position_embeddings + 2, H}, &w.embed_positions, nullptr});
+  if (c.has_projections()) {
+    visit(TensorSlot{"project_in.weight", {H, E}, &w.project_in, nullptr});
+    visit(TensorSlot{"project_out.weight", {E, H}, &w.project_out, nullptr});
+  }
+  auto ln = [&](const std::string& name, LayerNormWeights& l) {
+    if (!c.layer_norm_elementwise_affine) return;
+    visit(TensorSlot{name + ".weight", {H}, nullptr, &l.weight});
+    visit(TensorSlot{name + ".bias", {H}, nullptr, &l.bias});
+  };
+  auto lin = [&](const std::string& name, LinearWeights& l, int64_t out, int64_t in) {
+    visit(TensorSlot{name + ".weight", {out, in}, &l.weight, nullptr});
+    if (c.enable_bias) visit(TensorSlot{name + ".bias", {out}, nullptr, &l.bias});
+  };
+  if (c.has_final_layer_norm()) ln("final_layer_norm", w.final_layer_norm);
+  w.layers.resize(size_t(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    DecoderLayerWeights& L = w.layers[size_t(i)];
+    lin(p + "self_attn.q_proj", L.q_proj, H, H);
+    lin(p + "self_attn.k_proj", L.k_proj, H, H);
+    lin(p + "self_attn.v_proj", L.v_proj, H, H);
+    lin(p + "self_attn.out_proj", L.out_proj, H, H);
+    ln(p + "self_attn_layer_norm", L.self_attn_layer_norm);
+    lin(p + "fc1", L.fc1, F_, H);
+    lin(p + "fc2", L.fc2, H, F_);
+    ln(p + "final_layer_norm", L.final_layer_norm);
+  }
+}
+
+// Per-sequence attention state: the keys and values of every position seen so far, for every layer.
+class KvCache {
+ public:
+  KvCache() = default;
+  // Room for `capacity` positions (default: the model's context, max_position_embeddings).
+  explicit KvCache(const Config& c, int64_t capacity = 0) {
+    if (capacity <= 0) capacity = c.max_position_embeddings;
+    if (capacity > c.max_position_embeddings)
+      throw input_error("KvCache: capacity " + std::to_string(capacity) + " exceeds max_position_embeddings " +
+                        std::to_string(c.max_position_embeddings));
+    layers_ = c.num_hidden_layers;
+    hidden_ = c.hidden_size;
+    capacity_ = capacity;
+    const size_t n = size_t(layers_) * size_t(capacity_) * size_t(hidden_);
+    k_.assign(n, 0.0f);
+    v_.assign(n, 0.0f);
+  }
+  int64_t size() const noexcept { return size_; }  // positions stored (the next token's position)
+  int64_t capacity() const noexcept { return capacity_; }
+  void clear() noexcept { size_ = 0; }
+  // Drops positions beyond n (to roll back speculative or rejected tokens).
+  void truncate(int64_t n) noexcept { size_ = std::min(size_, std::max<int64_t>(n, 0)); }
+  size_t bytes() const noexcept { return (k_.size() + v_.size()) * sizeof(float); }
+
+  float* k(int64_t layer) noexcept { return k_.data() + size_t(layer) * size_t(capacity_) * size_t(hidden_); }
+  float* v(int64_t layer) noexcept { return v_.data() + size_t(layer) * size_t(capacity_) * size_t(hidden_); }
+  int64_t hidden() const noexcept { return hidden_; }
+  int64_t layers() const noexcept { return layers_; }
+  void advance(int64_t n) noexcept { size_ += n; }
+
+ private:
+  int64_t layers_ = 0, hidden_ = 0, capacity_ = 0, size_ = 0;
+  std::vector<float> k_, v_;  // [layers, capacity, hidden]
+};
+
+// Scratch space for forward passes and the thread pool that runs them. One per calling thread. Buffers grow
+// to the largest pass seen and are then reused, so steady-state decoding does not allocate.
+class Workspace {
+ public:
+  explicit Workspace(size_t n_threads = 0) : pool_(std::make_unique<ThreadPool>(n_threads)) {}
+  ThreadPool& pool() noexcept { return *pool_; }
+  size_t threads() const noexcept { return pool_->size(); }
+
+  // Makes room for a pass of n tokens producing n_logits rows, with at most max_len cached positions.
+  void reserve(const Config& c, int64_t n, int64_t n_logits, int64_t max_len) {
+    const int64_t H = c.hidden_size, E = c.word_embed_proj_dim;
+    const int64_t width = std::max({H, E, c.ffn_dim});
+    grow(x, n * std::max(H, E));
+    grow(h, n * width);
+    grow(q, n * H);
+    grow(a, n * H);
+    grow(e, n * E);
+    grow(logits, n_logits * c.vocab_size);
+    grow(last, n_logits * std::max(H, E));
+    grow(scores, int64_t(threads()) * std::max<int64_t>(max_len, 1));
+  }
+
+  std::vector<float> x, h, q, a, e, logits, last, scores;
+
+ private:
+  static void grow(std::vector<float>& v, int64_t n) {
+    if (v.size() < size_t(n)) v.resize(size_t(n));
+  }
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+// One sequence's part of a forward pass: its cache and the new tokens to append to it.
+struct SequenceChunk {
+  KvCache* cache = nullptr;
+  const int32_t* ids = nullptr;
+  int64_t n = 0;
+};
+
+// Row-major logits held by a Workspace (valid until its next pass).
+struct LogitsView {
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  const float* row(int64_t r) const noexcept { return data + r * cols; }
+};
+
+struct ForwardOptions {
+  bool all_logits = false;  // logits for every new token, not only the last of each chunk
+  // When set, receives HF's output_hidden_states for the concatenated tokens: [0] embeddings, [i] output of layer
+  // i-1, last after final_layer_norm / project_out. Each entry is [tokens, dim] row-major.
+  std::vector<std::vector<float>>* hidden_states = nullptr;
+};
+
+struct LoadOptions {
+  bool strict = true;  // unexpected tensors in the checkpoint are an error (else listed in unexpected_tensors())
+};
+
+class Model {
+ public:
+  // `dir` holds config.json and model.safetensors (or sharded safetensors with model.safetensors.index.json).
+  static Model load(const std::filesystem::path& dir, const LoadOptions& opts = {}) {
+    Config cfg = Config::from_file(dir / "config.json");
+    return from_checkpoint(cfg, Checkpoint::open(dir), opts);
+  }
+
+  static Model from_checkpoint(const Config& cfg, Checkpoint ckpt, const LoadOptions& opts = {}) {
+    Model m;
+    m.config_ = cfg;
+    m.act_ = cfg.act();
+    m.checkpoint_ = std::make_shared<Checkpoint>(std::move(ckpt));
+    m.bind(opts);
+    return m;
+  }
+
+  const Config& config() const noexcept { return config_; }
+  const ModelWeights& weights() const noexcept { return w_; }
+  const std::vector<std::string>& unexpected_tensors() const noexcept { return unexpected_; }
+  // The name prefix the checkpoint used: "model.decoder." (transformers) or "decoder." (hub OPT checkpoints).
+  const std::string& tensor_prefix() const noexcept { return prefix_; }
+
+  // Runs the new tokens of every chunk through the model, appends their keys/values to the chunk's cache and
+  // returns logits: one row per chunk (its last token), or one per token with opts.all_logits.
+  LogitsView forward(const std::vector<SequenceChunk>& chunks, Workspace& ws, const ForwardOptions& opts = {}) const {
+    const Config& c = config_;
+    const int64_t H = c.hidden_size, E = c.word_embed_proj_dim, V = c.vocab_size;
+    const int64_t nh = c.num_attention_heads, hd = c.head_dim();
+    int64_t N = 0, max_len = 0;
+    if (chunks.empty()) throw input_error("forward: empty batch (no sequences)");
+    for (size_t s = 0; s < chunks.size(); ++s) {
+      const SequenceChunk& ch = chunks[s];
+      if (!ch.cache) throw input_error("forward: sequence " + std::to_string(s) + " has no KvCache");
+      if (ch.n <= 0) throw input_error("forward: sequence " + std::to_string(s) + " has no new tokens");
+      if (ch.cache->layers() != c.num_hidden_layers || ch.cache->hidden() != H)
+        throw input_error("forward: sequence " + std::to_string(s) + " has a KvCache made for another model");
+      if (ch.cache->size() + ch.n > ch.cache->capacity())
+        throw input_error("forward: sequence " + std::to_string(s) + " needs " +
+                          std::to_string(ch.cache->size() + ch.n) + " positions, beyond its KvCache capacity " +
+                          std::to_string(ch.cache->capacity()) + " (max_position_embeddings " +
+                          std::to_string(c.max_position_embeddings) + ")");
+      for (int64_t j = 0; j < ch.n; ++j)
+        if (ch.ids[j] < 0 || ch.ids[j] >= V)
+          throw input_error("forward: token id " + std::to_string(ch.ids[j]) + " (sequence " + std::to_string(s) +
+                            ", index " + std::to_string(j) + ") is outside the vocabulary [0, " + std::to_string(V) +
+                            ")");
+      N += ch.n;
+      max_len = std::max(max_len, ch.cache->size() + ch.n);
+    }
+    const int64_t n_logits = opts.all_logits ? N : int64_t(chunks.size());
+    ws.reserve(c, N, n_logits, max_len);
+    ThreadPool& pool = ws.pool();
+    float* x = ws.x.data();  // [N, H] the residual stream
+    float* h = ws.h.data();  // [N, max(H, E, ffn)] scratch
+    float* q = ws.q.data();  // [N, H]
+    float* a = ws.a.data();  // [N, H] attention output
+    float* e = ws.e.data();  // [N, E] token embeddings before project_in
+    auto capture = [&](const float* src, int64_t dim) {
+      if (opts.hidden_states) opts.hidden_states->emplace_back(src, src + N * dim);
+    };
+
+    // ---- embeddings: inputs_embeds = embed_tokens(ids) (row indexing); project_in; + embed_positions ----
+    {
+      int64_t r = 0;
+      for (const SequenceChunk& ch : chunks)
+        for (int64_t j = 0; j < ch.n; ++j, ++r) ops::row_to_f32(w_.embed_tokens, ch.ids[j], e + r * E);
+      if (c.has_projections()) ops::linear(pool, e, N, w_.project_in, nullptr, x);  // [N,E] x [H,E]ᵀ -> [N,H]
+      else std::copy(e, e + N * H, x);
+      // positions: the cache size is the count of real tokens before this one (cumsum(mask) - 1), offset 2
+      r = 0;
+      for (const SequenceChunk& ch : chunks)
+        for (int64_t j = 0; j < ch.n; ++j, ++r) {
+          ops::row_to_f32(w_.embed_positions, ch.cache->size() + j + 2, h);
+          float* xr = x + r * H;
+          for (int64_t d = 0; d < H; ++d) xr[d] += h[d];
+        }
+    }
+    capture(x, H);
+
+    const float scaling = 1.0f / std::sqrt(float(hd));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const DecoderLayerWeights& L = w_.layers[size_t(l)];
+      // ---- self-attention block ----
+      const float* attn_in = x;
+      if (c.do_layer_norm_before) {
+        layer_norm(x, N, L.self_attn_layer_norm, h);
+        attn_in = h;
+      }
+      ops::linear(pool, attn_in, N, L.q_proj.weight, L.q_proj.bias, q);  // [N,H] x [H,H]ᵀ -> [N,H]
+      for (int64_t i = 0; i < N * H; ++i) q[i] *= scaling;                 // q_proj(h) * head_dim^-0.5
+      {
+        // k_proj / v_proj straight into each sequence's cache rows
+        int64_t r = 0;
+        for (const SequenceChunk& ch : chunks) {
+          float* kc = ch.cache->k(l) + ch.cache->size() * H;
+          float* vc = ch.cache->v(l) + ch.cache->size() * H;
+          ops::linear(pool, attn_in + r * H, ch.n, L.k_proj.weight, L.k_proj.bias, kc);  // -> [n,H]
+          ops::linear(pool, attn_in + r * H, ch.n, L.v_proj.weight, L.v_proj.bias, vc);  // -> [n,H]
+          r += ch.n;
+        }
+      }
+      {
+        int64_t r = 0;
+        for (const SequenceChunk& ch : chunks) {
+          const int64_t past = ch.cache->size(), n = ch.n;
+          const float* kc = ch.cache->k(l);
+          const float* vc = ch.cache->v(l);
+          const float* qs = q + r * H;
+          float* as = a + r * H;
+          const int64_t len_max = past + n;
+          float* scores = ws.scores.data();
+          // split over (token, head) pairs: each pair is computed whole by one thread
+          pool.parallel_for_t(size_t(n * nh), 1, [&](size_t t, size_t b, size_t e2) {
+            float* sc = scores + t * size_t(len_max);
+            for (size_t p = b; p < e2; ++p) {
+              const int64_t i = int64_t(p) / nh, hh = int64_t(p) % nh;
+              ops::attention_rows(qs, past, kc, vc, H, nh, hd, as, H, sc, i, i + 1, hh, hh + 1);
+            }
+          });
+          r += n;
+        }
+      }
+      ops::linear(pool, a, N, L.out_proj.weight, L.out_proj.bias, h);  // [N,H] x [H,H]ᵀ -> [N,H]
+      for (int64_t i = 0; i < N * H; ++i) x[i] += h[i];                  // residual
+      if (!c.do_layer_norm_before) layer_norm(x, N, L.self_attn_layer_norm, x);
+      // ---- feed-forward block ----
+      const float* ffn_in = x;
+      if (c.do_layer_norm_before) {
+        layer_norm(x, N, L.final_layer_norm, a);
+        ffn_in = a;
+      }
+      ops::linear(pool, ffn_in, N, L.fc1.weight, L.fc1.bias, h);  // [N,H] x [F,H]ᵀ -> [N,F]
+      ops::activate(act_, h, N * c.ffn_dim);
+      ops::linear(pool, h, N, L.fc2.weight, L.fc2.bias, q);  // [N,F] x [H,F]ᵀ -> [N,H]
+      for (int64_t i = 0; i < N * H; ++i) x[i] += q[i];       // residual
+      if (!c.do_layer_norm_before) layer_norm(x, N, L.final_layer_norm, x);
+      if (l + 1 < c.num_hidden_layers) capture(x, H);
+    }
+    for (const SequenceChunk& ch : chunks) ch.cache->advance(ch.n);
+
+    // ---- final LayerNorm, project_out, tied LM head, for the rows whose logits are wanted ----
+    float* last = ws.last.data();  // [n_logits, max(H,E)]
+    auto select_rows = [&](const float* src, int64_t dim, float* dst) {
+      if (opts.all_logits) {
+        std::copy(src, src + N * dim, dst);
+        return;
+      }
+      int64_t r = 0, o = 0;
+      for (const SequenceChunk& ch : chunks) {
+        r += ch.n;
+        std::copy(src + (r - 1) * dim, src + r * dim, dst + (o++) * dim);
+      }
+    };
+    if (opts.hidden_states) {
+      // HF's last hidden state covers every token: compute it for all rows, then select
+      if (c.has_final_layer_norm()) layer_norm(x, N, w_.final_layer_norm, x);
+      const float* fin = x;
+      if (c.has_projections()) {
+        ops::linear(pool, x, N, w_.project_out, nullptr, e);  // [N,H] x [E,H]ᵀ -> [N,E]
+        fin = e;
+      }
+      capture(fin, E);
+      select_rows(fin, E, last);
+    } else {
+      select_rows(x, H, last);
+      if (c.has_final_layer_norm()) layer_norm(last, n_logits, w_.final_layer_norm, last);
+      if (c.has_projections()) {
+        ops::linear(pool, last, n_logits, w_.project_out, nullptr, e);  // [n,H] x [E,H]ᵀ -> [n,E]
+        std::copy(e, e + n_logits * E, last);
+      }
+    }
+    ops::linear(pool, last, n_logits, w_.embed_tokens, nullptr, ws.logits.data());  // [n,E] x [V,E]ᵀ -> [n,V]
+    return LogitsView{ws.logits.data(), n_logits, V};
+  }
+
+ private:
+  void layer_norm(const float* in, int64_t n, const LayerNormWeights& ln, float* out) const {
+    ops::layer_norm(in, n, config_.hidden_size, ln.weight, ln.bias, float(config_.layer_norm_eps), out);
+  }
+
+  void bind(const LoadOptions& opts) {
+    const Checkpoint& ck = *checkpoint_;
+    // the name prefix: transformers saves "model.decoder.", the facebook/opt-* hub checkpoints "decoder."
+    for (const char* p : {"model.decoder.", "decoder.", ""}) {
+      if (ck.find(std::string(p) + "embed_tokens.weight")) {
+        prefix_ = p;
+        break;
+      }
+    }
+    std::string where = ck.files().empty() ? std::string("checkpoint") : ck.files().front().path();
+    if (ck.files().size() > 1) where += " (+" + std::to_string(ck.files().size() - 1) + " shards)";
+    std::set<std::string> used;
+    std::vector<std::string> missing;
+    for_each_tensor(config_, w_, [&](const TensorSlot& slot) {
+      const std::string full = prefix_ + slot.name;
+      const TensorView* t = ck.find(full);
+      if (!t) {
+        missing.push_back(full);
+        return;
+      }
+      used.insert(full);
+      if (t->shape != slot.shape)
+        throw tensor_error(t->file + ": tensor '" + full + "' has shape " + shape_string(t->shape) + ", expected " +
+                           shape_string(slot.shape) + " from config.json");
+      if (t->type != dtype::F32 && t->type != dtype::F16 && t->type != dtype::BF16)
+        throw tensor_error(t->file + ": tensor '" + full + "' has dtype " + to_string(t->type) +
+                           ", expected F32, F16 or BF16");
+      if (slot.matrix) {
+        const void* data = t->data;
+        if (reinterpret_cast<uintptr_t>(data) % dtype_size(t->type) != 0) {  // misaligned in the file: copy
+          owned_bytes_.emplace_back(t->nbytes);
+          std::memcpy(owned_bytes_.back().data(), t->data, t->nbytes);
+          data = owned_bytes_.back().data();
+        }
+        *slot.matrix = MatrixRef{t->type, data, slot.shape[0], slot.shape[1]};
+      } else {
+        owned_floats_.emplace_back(t->numel());
+        std::vector<float>& v = owned_floats_.back();
+        MatrixRef row{t->type, t->data, 1, int64_t(t->numel())};
+        if (reinterpret_cast<uintptr_t>(t->data) % dtype_size(t->type) != 0) {
+          owned_bytes_.emplace_back(t->nbytes);
+          std::memcpy(owned_bytes_.back().data(), t->data, t->nbytes);
+          row.data = owned_bytes_.back().data();
+        }
+        ops::row_to_f32(row, 0, v.data());
+        *slot.vec = v.data();
+      }
+    });
+    if (!missing.empty()) {
+      std::string list;
+      for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
+      if (missing.size() > 8) list += ", ... (" + std::to_string(missing.size()) + " in all)";
+      throw tensor_error(where + ": missing tensor" + (missing.size() > 1 ? "s " : " ") + list);
+    }
+    // lm_head.weight is tied to embed_tokens (transformers ties it whatever the file holds); accept it if its
+    // shape fits, and report everything else.
+    for (const TensorView* t : ck.tensors()) {
+      if (used.count(t->name)) continue;
+      if (t->name == "lm_head.weight") {
+        if (t->shape != std::vector<int64_t>{config_.vocab_size, config_.word_embed_proj_dim})
+          throw tensor_error(t->file + ": tensor 'lm_head.weight' has shape " + shape_string(t->shape) +
+                             ", expected " + shape_string({config_.vocab_size, config_.word_embed_proj_dim}));
+        continue;
+      }
+      unexpected_.push_back(t->name);
+    }
+    if (opts.strict && !unexpected_.empty()) {
+      std::string list;
+      for (size_t i = 0; i < unexpected_.size() && i < 8; ++i) list += (i ? ", " : "") + unexpected_[i];
+      if (unexpected_.size() > 8) list += ", ... (" + std::to_string(unexpected_.size()) + " in all)";
+      throw tensor_error(where + ": unexpected tensor" + (unexpected_.size() > 1 ? "s " : " ") + list +
+                         " (not part of an OPT model with this config.json; LoadOptions::strict=false ignores them)");
+    }
+  }
+
+  Config config_;
+  activation act_ = activation::relu;
+  std::shared_ptr<Checkpoint> checkpoint_;  // keeps the mappings alive
+  ModelWeights w_;
+  std::string prefix_;
+  std::vector<std::string> unexpected_;
+  std::vector<std::vector<float>> owned_floats_;
+  std::vector<std::vector<std::byte>> owned_bytes_;
+};
+
+OPT_NAMESPACE_END
