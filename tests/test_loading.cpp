@@ -1,0 +1,242 @@
+// Loading: safetensors validation, config.json validation, tensor checks, and bad inputs at the API. Every
+// failure is an opt::error subclass whose message names the file / tensor / key and what was expected.
+#include <opt/generate.hpp>
+
+#include "shared.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// A scratch folder under the build tree, emptied for each test.
+fs::path scratch(const std::string& name) {
+  fs::path p = fs::path(OPT_BINARY_DIR) / "test-scratch" / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+std::string u64le(uint64_t n) {
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(char((n >> (8 * i)) & 0xff));
+  return s;
+}
+
+std::string with_header(const std::string& header_json, const std::string& data) {
+  return u64le(header_json.size()) + header_json + data;
+}
+
+template <class E>
+void check_throws(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  bool thrown = false;
+  try {
+    f();
+  } catch (const E& e) {
+    thrown = true;
+    std::string what = e.what();
+    for (auto& p : parts) CHECK_MESSAGE(what.find(p) != std::string::npos, "'" << p << "' not in: " << what);
+  } catch (const std::exception& e) {
+    FAIL("wrong exception type: " << e.what());
+  }
+  CHECK_MESSAGE(thrown, "no exception");
+}
+
+// A model folder whose tensors are opt-tiny-preln's, changed by `edit` (name -> TensorData list).
+fs::path tiny_variant(const std::string& name, const std::function<void(std::vector<opt::TensorData>&)>& edit,
+                      const std::function<void(json&)>& edit_config = nullptr) {
+  static opt::SafetensorsFile src =
+      opt::SafetensorsFile::open(opt_test::fixture_dir("opt-tiny-preln") / "model.safetensors");
+  std::vector<opt::TensorData> t;
+  for (auto& v : src.tensors()) t.push_back({v.name, v.type, v.shape, v.data});
+  edit(t);
+  fs::path dir = scratch(name);
+  opt::save_safetensors(dir / "model.safetensors", t);
+  json cfg = opt_test::read_json(opt_test::fixture_dir("opt-tiny-preln") / "config.json");
+  if (edit_config) edit_config(cfg);
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: a well-formed file round-trips through the writer") {
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  std::vector<uint16_t> b = {0x3c00, 0x4000};
+  std::string bytes = opt::safetensors_bytes({{"a", opt::dtype::F32, {2, 3}, a.data()}, {"b", opt::dtype::F16, {2}, b.data()}},
+                                             {{"format", "pt"}});
+  auto f = opt::SafetensorsFile::from_bytes(bytes, "mem.safetensors");
+  REQUIRE(f.tensors().size() == 2);
+  const opt::TensorView* ta = f.find("a");
+  REQUIRE(ta);
+  CHECK(ta->shape == std::vector<int64_t>{2, 3});
+  CHECK(std::memcmp(ta->data, a.data(), 24) == 0);
+  CHECK(f.metadata().at("format") == "pt");
+  CHECK(f.find("b")->type == opt::dtype::F16);
+}
+
+TEST_CASE("safetensors: malformed files are format errors that say what is wrong") {
+  using E = opt::format_error;
+  const std::string ok = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  const std::string data(8, '\0');
+  auto open = [](std::string bytes) { return [bytes] { opt::SafetensorsFile::from_bytes(bytes, "bad.safetensors"); }; };
+  check_throws<E>(open("abc"), {"bad.safetensors", "too short"});
+  check_throws<E>(open(u64le(1000) + "{}"), {"bad.safetensors", "header length 1000", "beyond the file"});
+  check_throws<E>(open(u64le(uint64_t(1) << 63) + "{}"), {"header length", "exceeds the limit"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[2],)", data)), {"malformed JSON"});
+  check_throws<E>(open(with_header(R"([1,2])", data)), {"not an object"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F42","shape":[2],"data_offsets":[0,8]}})", data)),
+                  {"tensor 'a'", "unknown dtype 'F42'"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data)),
+                  {"tensor 'a'", "12 bytes", "span 8 bytes"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", data)),
+                  {"tensor 'a'", "outside the data section of 8 bytes"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data)),
+                  {"tensor 'a'", "outside"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data)),
+                  {"negative dimension"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                   R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                   data)),
+                  {"'a' and 'b' overlap"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                   R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                                   data)),
+                  {"'a' appears twice"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", data)),
+                  {"overflows"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[2]}})", data)), {"lacks data_offsets"});
+  check_throws<E>(open(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", data)),
+                  {"unexpected key 'x'"});
+  // a correct one passes
+  CHECK_NOTHROW(opt::SafetensorsFile::from_bytes(with_header(ok, data)));
+}
+
+TEST_CASE("safetensors: a truncated real file fails at every cut") {
+  std::string full = opt_test::read_text(opt_test::fixture_dir("opt-tiny-odd") / "model.safetensors");
+  for (size_t cut : {size_t(0), size_t(4), size_t(8), size_t(100), full.size() / 2, full.size() - 1}) {
+    CAPTURE(cut);
+    CHECK_THROWS_AS(opt::SafetensorsFile::from_bytes(full.substr(0, cut), "cut.safetensors"), opt::format_error);
+  }
+}
+
+TEST_CASE("files that are missing, or folders where files should be") {
+  fs::path dir = scratch("missing");
+  check_throws<opt::io_error>([&] { opt::Model::load(dir); }, {"config.json", "cannot open"});
+  fs::copy_file(opt_test::fixture_dir("opt-tiny-preln") / "config.json", dir / "config.json");
+  check_throws<opt::io_error>([&] { opt::Model::load(dir); }, {"neither model.safetensors nor"});
+  fs::create_directory(dir / "model.safetensors");
+  check_throws<opt::io_error>([&] { opt::Model::load(dir); }, {"model.safetensors", "is a directory"});
+  check_throws<opt::io_error>([&] { opt::Model::load(dir / "nope"); }, {"nope"});
+}
+
+TEST_CASE("config.json: bad values are config errors naming the key") {
+  using E = opt::config_error;
+  auto cfg = [](const std::string& key, json value) {
+    json j = opt_test::read_json(opt_test::fixture_dir("opt-tiny-preln") / "config.json");
+    j[key] = value;
+    return [j] { opt::Config::from_json(j, "config.json"); };
+  };
+  check_throws<E>(cfg("num_attention_heads", 3), {"hidden_size 64 is not divisible by num_attention_heads 3"});
+  check_throws<E>(cfg("activation_function", "swiglu"), {"activation_function", "swiglu"});
+  check_throws<E>(cfg("hidden_size", 0), {"hidden_size = 0"});
+  check_throws<E>(cfg("num_hidden_layers", -1), {"num_hidden_layers = -1"});
+  check_throws<E>(cfg("vocab_size", "big"), {"vocab_size must be an integer"});
+  check_throws<E>(cfg("do_layer_norm_before", 1), {"do_layer_norm_before must be true or false"});
+  check_throws<E>(cfg("eos_token_id", 100000), {"eos_token_id = 100000", "outside the vocabulary"});
+  check_throws<E>(cfg("model_type", "gpt2"), {"model_type", "expected \"opt\""});
+  check_throws<E>(cfg("max_position_embeddings", int64_t(1) << 40), {"max_position_embeddings"});
+  // defaults for keys an older file lacks
+  json j = json::object();
+  opt::Config c = opt::Config::from_json(j);
+  CHECK(c.hidden_size == 768);
+  CHECK(c.word_embed_proj_dim == 768);
+  CHECK(c.do_layer_norm_before);
+  CHECK(c.has_final_layer_norm());
+  j["word_embed_proj_dim"] = nullptr;
+  j["hidden_size"] = 1024;
+  j["num_attention_heads"] = 16;
+  CHECK(opt::Config::from_json(j).word_embed_proj_dim == 1024);
+  fs::path dir = scratch("badjson");
+  std::ofstream(dir / "config.json") << "{\"hidden_size\": ";
+  check_throws<opt::format_error>([&] { opt::Config::from_file(dir / "config.json"); }, {"config.json", "malformed JSON"});
+}
+
+TEST_CASE("tensors: wrong shape, wrong dtype, missing, unexpected") {
+  using E = opt::tensor_error;
+  std::vector<float> junk(64 * 65, 0.0f);
+  auto dir = tiny_variant("wrong-shape", [&](auto& t) {
+    for (auto& x : t)
+      if (x.name == "model.decoder.layers.1.fc1.weight") x.shape = {64, 256};  // transposed
+  });
+  check_throws<E>([&] { opt::Model::load(dir); },
+                  {"model.decoder.layers.1.fc1.weight", "shape [64, 256]", "expected [256, 64]"});
+  std::vector<int32_t> ints(64, 0);
+  dir = tiny_variant("wrong-dtype", [&](auto& t) {
+    for (auto& x : t)
+      if (x.name == "model.decoder.final_layer_norm.bias") x.type = opt::dtype::I32, x.data = ints.data();
+  });
+  check_throws<E>([&] { opt::Model::load(dir); }, {"final_layer_norm.bias", "dtype I32", "expected F32, F16 or BF16"});
+  dir = tiny_variant("missing", [&](auto& t) {
+    t.erase(std::remove_if(t.begin(), t.end(), [](auto& x) { return x.name == "model.decoder.layers.0.self_attn.k_proj.bias"; }),
+            t.end());
+  });
+  check_throws<E>([&] { opt::Model::load(dir); }, {"missing tensor", "model.decoder.layers.0.self_attn.k_proj.bias"});
+  dir = tiny_variant("unexpected", [&](auto& t) { t.push_back({"model.decoder.layers.7.fc1.weight", opt::dtype::F32, {64, 65}, junk.data()}); });
+  check_throws<E>([&] { opt::Model::load(dir); }, {"unexpected tensor", "layers.7.fc1.weight"});
+  opt::LoadOptions lo;
+  lo.strict = false;
+  opt::Model m = opt::Model::load(dir, lo);
+  CHECK(m.unexpected_tensors() == std::vector<std::string>{"model.decoder.layers.7.fc1.weight"});
+  // a config that disagrees with the file
+  dir = tiny_variant("config-mismatch", [](auto&) {}, [](json& j) { j["ffn_dim"] = 128; });
+  check_throws<E>([&] { opt::Model::load(dir); }, {"fc1.weight", "expected [128, 64] from config.json"});
+  // lm_head.weight is accepted (tied) when its shape fits
+  std::vector<float> head(512 * 64, 0.0f);
+  dir = tiny_variant("lm-head", [&](auto& t) { t.push_back({"lm_head.weight", opt::dtype::F32, {512, 64}, head.data()}); });
+  CHECK_NOTHROW(opt::Model::load(dir));
+}
+
+TEST_CASE("sharded checkpoints: a bad index is reported") {
+  fs::path dir = scratch("bad-index");
+  for (auto& f : fs::directory_iterator(opt_test::fixture_dir("opt-tiny-preln-sharded")))
+    if (f.path().extension() == ".json" || f.path().extension() == ".safetensors") fs::copy_file(f.path(), dir / f.path().filename());
+  CHECK_NOTHROW(opt::Model::load(dir));
+  json idx = opt_test::read_json(dir / "model.safetensors.index.json");
+  std::string first = idx["weight_map"].begin().key();
+  idx["weight_map"][first] = "../elsewhere.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+  check_throws<opt::format_error>([&] { opt::Model::load(dir); }, {"not a plain file name"});
+  idx["weight_map"][first] = "model-00002-of-00002.safetensors";
+  idx["weight_map"]["model.decoder.layers.0.fc1.weight"] = "model-00001-of-00002.safetensors";
+  std::ofstream(dir / "model.safetensors.index.json") << idx.dump();
+  // whichever of the two moved entries is checked first, the message names the shard that lacks it
+  CHECK_THROWS_AS(opt::Model::load(dir), opt::tensor_error);
+}
+
+TEST_CASE("bad inputs at the API are input errors") {
+  using E = opt::input_error;
+  opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
+  opt::GenerateOptions go;
+  go.max_new_tokens = 4;
+  check_throws<E>([&] { opt::generate_ids(m, {}, go); }, {"empty batch"});
+  check_throws<E>([&] { opt::generate_ids(m, {{}}, go); }, {"prompt 0 is empty"});
+  check_throws<E>([&] { opt::generate_ids(m, {{2, 512}}, go); }, {"512", "outside the vocabulary [0, 512)"});
+  check_throws<E>([&] { opt::generate_ids(m, {{2, -1}}, go); }, {"-1", "outside the vocabulary"});
+  go.max_new_tokens = 60;
+  check_throws<E>([&] { opt::generate_ids(m, {{2, 3, 4, 5, 6}}, go); },
+                  {"65 positions", "beyond max_position_embeddings 64"});
+  go.max_new_tokens = -1;
+  check_throws<E>([&] { opt::generate_ids(m, {{2}}, go); }, {"max_new_tokens = -1"});
+  // forward: the cache bounds the positions
+  opt::Workspace ws(1);
+  opt::KvCache kv(m.config(), 4);
+  std::vector<int32_t> ids = {2, 3, 4, 5, 6};
+  check_throws<E>([&] { m.forward({{&kv, ids.data(), 5}}, ws); }, {"needs 5 positions", "capacity 4"});
+  check_throws<E>([&] { opt::KvCache big(m.config(), 65); }, {"capacity 65 exceeds max_position_embeddings 64"});
+  check_throws<E>([&] { m.forward({}, ws); }, {"empty batch"});
+  check_throws<E>([&] { opt::unpad({{1, 2}}, {{1}}); }, {"row 0 has 2 ids but 1 mask values"});
+  check_throws<E>([&] { opt::unpad({{1, 2}}, {{1, 2}}); }, {"expected 0 or 1"});
+  // nothing was appended to the cache by the failed calls
+  CHECK(kv.size() == 0);
+}
