@@ -46,6 +46,8 @@ struct ModelWeights {
   MatrixRef project_out;              // [word_embed_proj_dim, hidden], only when the two differ
   LayerNormWeights final_layer_norm;  // [hidden], only with do_layer_norm_before && !_remove_final_layer_norm
   std::vector<DecoderLayerWeights> layers;
+  MatrixRef lm_head_q8;               // [vocab, word_embed_proj_dim] int8 copy of embed_tokens (lm_head_int8)
+  const MatrixRef& lm_head() const noexcept { return lm_head_q8.data ? lm_head_q8 : embed_tokens; }
 };
 
 // What one tensor of the checkpoint should be: its name under the decoder (no prefix), its shape, and where it
@@ -178,8 +180,14 @@ struct ForwardOptions {
   std::vector<std::vector<float>>* hidden_states = nullptr;
 };
 
+enum class quantization { none, int8 };
+
 struct LoadOptions {
   bool strict = true;  // unexpected tensors in the checkpoint are an error (else listed in unexpected_tensors())
+  // int8: every linear layer's weight becomes int8 with one f32 scale per row and block of columns (weight-only;
+  // compute stays f32). Embeddings are kept as stored; see lm_head_int8.
+  quantization quantize = quantization::none;
+  bool lm_head_int8 = false;  // with quantize = int8, also quantize the tied LM head (a separate int8 copy)
 };
 
 class Model {
@@ -204,6 +212,14 @@ class Model {
   const std::vector<std::string>& unexpected_tensors() const noexcept { return unexpected_; }
   // The name prefix the checkpoint used: "model.decoder." (transformers) or "decoder." (hub OPT checkpoints).
   const std::string& tensor_prefix() const noexcept { return prefix_; }
+
+  // Bytes of weights one decode step reads: every linear layer, the projections and the LM head.
+  size_t decode_weight_bytes() const noexcept {
+    size_t n = w_.lm_head().bytes() + w_.project_in.bytes() + w_.project_out.bytes();
+    for (const DecoderLayerWeights& L : w_.layers)
+      for (const LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2}) n += l->weight.bytes();
+    return n;
+  }
 
   // Runs the new tokens of every chunk through the model, appends their keys/values to the chunk's cache and
   // returns logits: one row per chunk (its last token), or one per token with opts.all_logits.

@@ -27,12 +27,21 @@ OPT_NAMESPACE_BEGIN
 
 // A read-only [rows, cols] row-major matrix (PyTorch's Linear layout: [out_features, in_features]).
 struct MatrixRef {
-  dtype type = dtype::F32;  // F32, F16 or BF16
+  dtype type = dtype::F32;  // F32, F16, BF16 or I8 (with scales)
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
 
+  const float* scale = nullptr;  // I8 only: [rows, ceil(cols / block)] per-row, per-block scales
+  int64_t block = 0;             // I8 only: columns per scale
+
   const std::byte* row_ptr(int64_t r) const noexcept {
     return static_cast<const std::byte*>(data) + size_t(r) * size_t(cols) * dtype_size(type);
+  }
+  int64_t blocks_per_row() const noexcept { return block ? (cols + block - 1) / block : 0; }
+  // Bytes a pass over the whole matrix reads (values and scales).
+  size_t bytes() const noexcept {
+    if (!data) return 0;
+    return size_t(rows) * size_t(cols) * dtype_size(type) + size_t(rows) * size_t(blocks_per_row()) * 4;
   }
 };
 
@@ -245,6 +254,20 @@ inline void attention_rows(const float* q, int64_t past, const float* k, const f
       }
     }
   }
+}
+
+// Causal attention of n new tokens of one sequence (see attention_rows), split over (token, head) pairs: each
+// pair is computed whole by one thread. scores: (past + n) floats per pool thread.
+inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n, const float* k, const float* v,
+                      int64_t ld, int64_t n_heads, int64_t head_dim, float* out, float* scores) {
+  const int64_t H = n_heads * head_dim, len_max = past + n;
+  pool.parallel_for_t(size_t(n * n_heads), 1, [&](size_t t, size_t b, size_t e) {
+    float* sc = scores + t * size_t(len_max);
+    for (size_t p = b; p < e; ++p) {
+      const int64_t i = int64_t(p) / n_heads, hh = int64_t(p) % n_heads;
+      attention_rows(q, past, k, v, ld, n_heads, head_dim, out, H, sc, i, i + 1, hh, hh + 1);
+    }
+  });
 }
 
 }  // namespace ops

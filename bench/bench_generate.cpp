@@ -1,0 +1,403 @@
+// End-to-end speed of the opt-125m shape (random weights, written once under $OPT_BENCH_DIR or
+// <build>/bench-models), each figure set against its hardware floor measured in the same run:
+//   BM_ReadBandwidth   sustained read bandwidth over a buffer as large as the f32 weights (1 and 2 threads)
+//   BM_PeakFlops       FMA peak: 16 independent AVX-512 FMA chains per thread (1 and 2 threads)
+//   BM_Decode          batch 1, 7-token prompt, 50 new tokens: ms/token, and x_floor = ms / (bytes per token / BW)
+//   BM_Seed4           4 prompts of 3-7 tokens, 50 new tokens: ms/step, total ms, step / batch-1 step
+//   BM_Prefill512      one 512-token pass: ms, and x_floor = ms / (FLOPs / peak FLOP/s)
+//   BM_LoadTTFT        Model::load + Workspace + first forward of a 7-token prompt (warm page cache)
+//   BM_PeakRSS         peak RSS of a child process that loads and decodes 50 tokens, against
+//                      weight file + KV cache + 64 MiB
+// Every figure is the median of OPT_BENCH_REPS (default 5) repetitions. Floors use 2-thread bandwidth/peak (the
+// machine's); x_floor_same_threads uses the figure measured with the benchmark's own thread count.
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <opt/generate.hpp>
+#include <opt/random_checkpoint.hpp>
+#include <string>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+// GCC 12 reports its own _mm512_undefined_ps() inside the AVX-512 intrinsics headers as maybe-uninitialized.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+double ms_since(clk::time_point t0) { return std::chrono::duration<double, std::milli>(clk::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int reps() {
+  const char* e = std::getenv("OPT_BENCH_REPS");
+  return e ? std::max(1, std::atoi(e)) : 5;
+}
+
+std::string bench_dir() {
+  const char* e = std::getenv("OPT_BENCH_DIR");
+  return e ? e : OPT_BENCH_DEFAULT_DIR;
+}
+
+// The checkpoint for a weight type ("f32", "bf16", "f16"; "int8" quantizes the f32 one at load): written once.
+std::filesystem::path checkpoint(const std::string& type) {
+  const std::string stored = type == "int8" ? "f32" : type;
+  const auto dir = std::filesystem::path(bench_dir()) / ("opt-125m-" + stored);
+  if (!std::filesystem::exists(dir / "model.safetensors")) {
+    opt::dtype t = stored == "f32" ? opt::dtype::F32 : stored == "f16" ? opt::dtype::F16 : opt::dtype::BF16;
+    opt::write_random_checkpoint(dir, opt::opt_shape("opt-125m"), t, 1);
+  }
+  return dir;
+}
+
+opt::LoadOptions load_options(const std::string& type) {
+  opt::LoadOptions o;
+  if (type == "int8") o.quantize = opt::quantization::int8;
+  return o;
+}
+
+const opt::Model& model(const std::string& type) {
+  static std::map<std::string, std::unique_ptr<opt::Model>> cache;
+  auto& m = cache[type];
+  if (!m) m = std::make_unique<opt::Model>(opt::Model::load(checkpoint(type), load_options(type)));
+  return *m;
+}
+
+// ---- the machine's floors ------------------------------------------------------------------------------------
+double read_pass(opt::ThreadPool& pool, const float* buf, size_t n) {
+  std::vector<double> part(pool.size(), 0.0);
+  pool.parallel_for_t(n, 4096, [&](size_t t, size_t b, size_t e) {
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = b;
+    for (; i + 64 <= e; i += 64) {
+      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(buf + i));
+      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(buf + i + 16));
+      a2 = _mm512_add_ps(a2, _mm512_loadu_ps(buf + i + 32));
+      a3 = _mm512_add_ps(a3, _mm512_loadu_ps(buf + i + 48));
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    for (; i < e; ++i) s += buf[i];
+#else
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = b;
+    for (; i + 4 <= e; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+    float s = s0 + s1 + s2 + s3;
+    for (; i < e; ++i) s += buf[i];
+#endif
+    part[t] = s;
+  });
+  double s = 0;
+  for (double p : part) s += p;
+  return s;
+}
+
+// GB/s (1e9 bytes) reading a buffer as large as the f32 opt-125m weights.
+double bandwidth(size_t threads) {
+  static std::map<size_t, double> memo;
+  if (memo.count(threads)) return memo[threads];
+  const size_t bytes = model("f32").decode_weight_bytes();
+  std::vector<float> buf(bytes / 4, 1.0f);
+  opt::ThreadPool pool(threads);
+  std::vector<double> gbps;
+  for (int r = 0; r < 3 + 2 * reps(); ++r) {
+    auto t0 = clk::now();
+    benchmark::DoNotOptimize(read_pass(pool, buf.data(), buf.size()));
+    gbps.push_back(double(bytes) / (ms_since(t0) * 1e6));
+  }
+  return memo[threads] = median(gbps);
+}
+
+// FLOP/s of fused multiply-adds: 16 independent chains of 16-lane FMAs per thread (2 FLOPs per lane).
+double peak_flops(size_t threads) {
+  static std::map<size_t, double> memo;
+  if (memo.count(threads)) return memo[threads];
+  opt::ThreadPool pool(threads);
+  const long iters = 20'000'000;
+  std::vector<double> r;
+  for (int rep = 0; rep < 3 + reps(); ++rep) {
+    auto t0 = clk::now();
+    pool.run([&](size_t) {
+#if defined(__AVX512F__)
+      __m512 a[16];
+      for (int j = 0; j < 16; ++j) a[j] = _mm512_set1_ps(float(j));
+      const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+      for (long i = 0; i < iters / 16; ++i)
+        for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(a[j], m, c);
+      __m512 s = a[0];
+      for (int j = 1; j < 16; ++j) s = _mm512_add_ps(s, a[j]);
+      benchmark::DoNotOptimize(s);
+#else
+      float a[16][8];
+      for (int j = 0; j < 16; ++j)
+        for (int l = 0; l < 8; ++l) a[j][l] = float(j);
+      for (long i = 0; i < iters / 16; ++i)
+        for (int j = 0; j < 16; ++j)
+          for (int l = 0; l < 8; ++l) a[j][l] = a[j][l] * 0.999999f + 1e-7f;
+      benchmark::DoNotOptimize(a);
+#endif
+    });
+    const double lanes = 
+#if defined(__AVX512F__)
+        16;
+#else
+        8;
+#endif
+    r.push_back(double(threads) * double(iters / 16) * 16.0 * lanes * 2.0 / (ms_since(t0) * 1e-3));
+  }
+  return memo[threads] = median(r);
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  const size_t threads = size_t(state.range(0));
+  for (auto _ : state) state.SetIterationTime(1e-3);
+  state.counters["GBps"] = bandwidth(threads);
+  state.counters["buffer_MB"] = double(model("f32").decode_weight_bytes()) / 1e6;
+}
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_PeakFlops(benchmark::State& state) {
+  const size_t threads = size_t(state.range(0));
+  for (auto _ : state) state.SetIterationTime(1e-3);
+  state.counters["GFLOPs"] = peak_flops(threads) / 1e9;
+}
+BENCHMARK(BM_PeakFlops)->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// ---- workloads -------------------------------------------------------------------------------------------------
+const std::vector<int32_t> kPrompt = {2, 31414, 6, 127, 766, 16, 3437};  // 7 tokens
+const std::vector<std::vector<int32_t>> kSeedPrompts = {
+    {2, 31414, 6, 127, 766, 16, 3437}, {2, 133, 2119, 6219}, {2, 100, 200, 300, 400, 500}, {2, 42}};
+constexpr int kNew = 50;
+
+// KV bytes the decode steps read on average: 2 (k, v) x layers x hidden x 4 bytes x mean cache length.
+double kv_bytes_per_step(const opt::Config& c, double mean_len) {
+  return 2.0 * double(c.num_hidden_layers) * double(c.hidden_size) * 4.0 * mean_len;
+}
+
+std::map<std::string, double> g_batch1_step;  // ms per batch-1 step, by "type/threads"
+
+void set_floor(benchmark::State& state, double ms, double bytes, size_t threads) {
+  const double floor2 = bytes / (bandwidth(2) * 1e6);
+  state.counters["floor_ms"] = floor2;
+  state.counters["x_floor"] = ms / floor2;
+  if (threads != 2) state.counters["x_floor_same_threads"] = ms / (bytes / (bandwidth(threads) * 1e6));
+}
+
+void BM_Decode(benchmark::State& state, std::string type) {
+  const size_t threads = size_t(state.range(0));
+  const opt::Model& m = model(type);
+  opt::Workspace ws(threads);
+  opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + kNew);
+  std::vector<double> per_token;
+  for (auto _ : state) {
+    for (int r = 0; r < reps(); ++r) {
+      kv.clear();
+      opt::LogitsView lv = m.forward({{&kv, kPrompt.data(), int64_t(kPrompt.size())}}, ws);
+      int32_t id = opt::argmax(lv.row(0), lv.cols);
+      std::vector<opt::SequenceChunk> step = {{&kv, &id, 1}};
+      auto t0 = clk::now();
+      for (int s = 1; s < kNew; ++s) {
+        lv = m.forward(step, ws);
+        id = opt::argmax(lv.row(0), lv.cols);
+      }
+      per_token.push_back(ms_since(t0) / (kNew - 1));
+    }
+    state.SetIterationTime(median(per_token) * 1e-3);
+  }
+  const double ms = median(per_token);
+  g_batch1_step[type + "/" + std::to_string(threads)] = ms;
+  const double bytes = double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), kPrompt.size() + kNew / 2.0);
+  state.counters["ms_per_token"] = ms;
+  state.counters["MB_per_token"] = bytes / 1e6;
+  set_floor(state, ms, bytes, threads);
+}
+
+void BM_Seed4(benchmark::State& state, std::string type) {
+  const size_t threads = size_t(state.range(0));
+  const opt::Model& m = model(type);
+  opt::Workspace ws(threads);
+  std::vector<opt::KvCache> kv;
+  for (auto& p : kSeedPrompts) kv.emplace_back(m.config(), int64_t(p.size()) + kNew);
+  std::vector<double> step_ms, total_ms;
+  std::vector<int32_t> next(kSeedPrompts.size());
+  std::vector<opt::SequenceChunk> prefill, step;
+  for (size_t b = 0; b < kSeedPrompts.size(); ++b) {
+    prefill.push_back({&kv[b], kSeedPrompts[b].data(), int64_t(kSeedPrompts[b].size())});
+    step.push_back({&kv[b], &next[b], 1});
+  }
+  for (auto _ : state) {
+    for (int r = 0; r < reps(); ++r) {
+      for (auto& c : kv) c.clear();
+      auto t0 = clk::now();
+      opt::LogitsView lv = m.forward(prefill, ws);
+      for (size_t b = 0; b < next.size(); ++b) next[b] = opt::argmax(lv.row(int64_t(b)), lv.cols);
+      auto t1 = clk::now();
+      for (int s = 1; s < kNew; ++s) {
+        lv = m.forward(step, ws);
+        for (size_t b = 0; b < next.size(); ++b) next[b] = opt::argmax(lv.row(int64_t(b)), lv.cols);
+      }
+      step_ms.push_back(ms_since(t1) / (kNew - 1));
+      total_ms.push_back(ms_since(t0));
+    }
+    state.SetIterationTime(median(total_ms) * 1e-3);
+  }
+  const double ms = median(step_ms);
+  state.counters["ms_per_step"] = ms;
+  state.counters["total_ms"] = median(total_ms);
+  auto it = g_batch1_step.find(type + "/" + std::to_string(threads));
+  if (it != g_batch1_step.end()) state.counters["x_batch1_step"] = ms / it->second;
+  double mean_len = 0;
+  for (auto& p : kSeedPrompts) mean_len += double(p.size()) + kNew / 2.0;
+  set_floor(state, ms, double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), mean_len), threads);
+}
+
+// FLOPs of one pass of T tokens (last-token logits only): 2 per multiply-add.
+double prefill_flops(const opt::Config& c, double T) {
+  const double H = double(c.hidden_size), E = double(c.word_embed_proj_dim), F = double(c.ffn_dim);
+  double per_token = double(c.num_hidden_layers) * (4 * H * H + 2 * H * F);
+  if (c.has_projections()) per_token += H * E + E * H;
+  const double attn = double(c.num_hidden_layers) * 2.0 * H * T * (T + 1);  // QKᵀ and PV over the causal half
+  return 2.0 * T * per_token + attn + 2.0 * double(c.vocab_size) * E;
+}
+
+void BM_Prefill512(benchmark::State& state, std::string type) {
+  const size_t threads = size_t(state.range(0));
+  const opt::Model& m = model(type);
+  opt::Workspace ws(threads);
+  const int64_t T = 512;
+  std::vector<int32_t> ids(T);
+  for (int64_t i = 0; i < T; ++i) ids[size_t(i)] = int32_t((i * 7919 + 3) % m.config().vocab_size);
+  opt::KvCache kv(m.config(), T);
+  std::vector<double> ms;
+  for (auto _ : state) {
+    for (int r = 0; r < std::max(3, reps() / 2 + 1); ++r) {
+      kv.clear();
+      auto t0 = clk::now();
+      benchmark::DoNotOptimize(m.forward({{&kv, ids.data(), T}}, ws).data);
+      ms.push_back(ms_since(t0));
+    }
+    state.SetIterationTime(median(ms) * 1e-3);
+  }
+  const double flops = prefill_flops(m.config(), double(T));
+  const double t = median(ms);
+  const double floor2 = flops / peak_flops(2) * 1e3;
+  state.counters["ms"] = t;
+  state.counters["tok_per_s"] = double(T) / (t * 1e-3);
+  state.counters["GFLOPs"] = flops / (t * 1e6);
+  state.counters["floor_ms"] = floor2;
+  state.counters["x_floor"] = t / floor2;
+  if (threads != 2) state.counters["x_floor_same_threads"] = t / (flops / peak_flops(threads) * 1e3);
+}
+
+void BM_LoadTTFT(benchmark::State& state, std::string type) {
+  const size_t threads = size_t(state.range(0));
+  const auto dir = checkpoint(type);
+  { opt::Model warm = opt::Model::load(dir, load_options(type)); }  // page cache warm
+  std::vector<double> load_ms, ttft_ms;
+  for (auto _ : state) {
+    for (int r = 0; r < reps(); ++r) {
+      auto t0 = clk::now();
+      opt::Model m = opt::Model::load(dir, load_options(type));
+      load_ms.push_back(ms_since(t0));
+      opt::Workspace ws(threads);
+      opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + kNew);
+      opt::LogitsView lv = m.forward({{&kv, kPrompt.data(), int64_t(kPrompt.size())}}, ws);
+      benchmark::DoNotOptimize(opt::argmax(lv.row(0), lv.cols));
+      ttft_ms.push_back(ms_since(t0));
+    }
+    state.SetIterationTime(median(ttft_ms) * 1e-3);
+  }
+  state.counters["load_ms"] = median(load_ms);
+  state.counters["load_plus_ttft_ms"] = median(ttft_ms);
+}
+
+// Child mode (argv: --rss-child dir type threads): load, decode 50 tokens, print peak RSS in KiB.
+int rss_child(const std::string& type, size_t threads) {
+  const opt::Model m = opt::Model::load(checkpoint(type), load_options(type));
+  opt::Workspace ws(threads);
+  opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + kNew);
+  opt::LogitsView lv = m.forward({{&kv, kPrompt.data(), int64_t(kPrompt.size())}}, ws);
+  int32_t id = opt::argmax(lv.row(0), lv.cols);
+  for (int s = 1; s < kNew; ++s) {
+    lv = m.forward({{&kv, &id, 1}}, ws);
+    id = opt::argmax(lv.row(0), lv.cols);
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("%ld %zu\n", ru.ru_maxrss, kv.bytes());
+  return 0;
+}
+
+void BM_PeakRSS(benchmark::State& state, std::string type) {
+  const size_t threads = size_t(state.range(0));
+  const auto dir = checkpoint(type);
+  long rss_kib = 0;
+  size_t kv_bytes = 0;
+  for (auto _ : state) {
+    const std::string cmd =
+        "/proc/" + std::to_string(getpid()) + "/exe --rss-child " + type + " " + std::to_string(threads);
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p || std::fscanf(p, "%ld %zu", &rss_kib, &kv_bytes) != 2) {
+      if (p) pclose(p);
+      state.SkipWithError("the --rss-child process failed");
+      return;
+    }
+    pclose(p);
+    state.SetIterationTime(1e-3);
+  }
+  const double file = double(std::filesystem::file_size(dir / "model.safetensors"));
+  const double budget = file + double(kv_bytes) + 64.0 * 1048576.0;
+  state.counters["peak_rss_MiB"] = double(rss_kib) / 1024.0;
+  state.counters["budget_MiB"] = budget / 1048576.0;
+  state.counters["x_budget"] = double(rss_kib) * 1024.0 / budget;
+}
+
+void register_all() {
+  for (const char* t : {"f32", "bf16", "f16", "int8"}) {
+    const std::string type = t;
+    benchmark::RegisterBenchmark(("BM_Decode/" + type).c_str(), BM_Decode, type)
+        ->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_Seed4/" + type).c_str(), BM_Seed4, type)
+        ->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_Prefill512/" + type).c_str(), BM_Prefill512, type)
+        ->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_LoadTTFT/" + type).c_str(), BM_LoadTTFT, type)
+        ->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_PeakRSS/" + type).c_str(), BM_PeakRSS, type)
+        ->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2], size_t(std::atoi(argv[3])));
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  try {
+    benchmark::RunSpecifiedBenchmarks();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_generate: %s\n", e.what());
+    return 1;
+  }
+  benchmark::Shutdown();
+  return 0;
+}
