@@ -1,13 +1,15 @@
-// Greedy generation with a KV cache: token-id prompts in, prompt + new ids out. Each row of a batch gets exactly
-// what it would get alone: rows are kept unpadded (each sequence has its own cache and positions), so left,
-// right or no padding in the caller's input cannot change a row's result.
+// Generation: token-id prompts in, prompt + new ids out, written on the step loop of opt::Batch. Greedy by
+// default. Each row of a batch gets exactly what it would get alone: rows are kept unpadded (each sequence has its
+// own cache and positions), so left, right or no padding in the caller's input cannot change a row's result.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "opt/error.hpp"
+#include "opt/batch.hpp"
 #include "opt/model.hpp"
 #include "opt/sampler.hpp"
 
@@ -18,6 +20,7 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   int64_t eos_token_id = -1;  // -1: the model's config.eos_token_id
   size_t threads = 0;         // 0: all cores (when generate makes its own Workspace)
+  SamplingOptions sampling;   // greedy by default
   // Called for each new token of each row; return false to stop that row.
   std::function<bool(size_t row, int32_t id)> on_token;
 };
@@ -26,6 +29,7 @@ struct GenerateResult {
   std::vector<std::vector<int32_t>> sequences;   // per row: prompt + new ids, unpadded
   std::vector<std::vector<int32_t>> new_tokens;  // per row: new ids (ending with EOS if it stopped there)
   std::vector<std::vector<float>> first_logits;  // per row: the logits that chose the first new token
+  std::vector<FinishReason> finish_reasons;      // per row: eos, length or stopped
 };
 
 // Rows of a padded [B, T] batch, keeping the tokens whose mask is 1 (in order). Any mask pattern works, as in
@@ -50,13 +54,14 @@ inline std::vector<std::vector<int32_t>> unpad(const std::vector<std::vector<int
   return rows;
 }
 
+// Runs every prompt to its end (EOS, max_new_tokens, or on_token returning false) with the step loop of
+// opt::Batch. keep_first_logits fills GenerateResult::first_logits.
 inline GenerateResult generate_ids(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
                                    const GenerateOptions& opts, Workspace& ws, bool keep_first_logits = false) {
   const Config& c = model.config();
   if (prompts.empty()) throw input_error("generate: empty batch (no prompts)");
   if (opts.max_new_tokens < 0)
     throw input_error("generate: max_new_tokens = " + std::to_string(opts.max_new_tokens) + ", expected >= 0");
-  const int64_t eos = opts.eos_token_id >= 0 ? opts.eos_token_id : c.eos_token_id;
   const size_t B = prompts.size();
   for (size_t b = 0; b < B; ++b) {
     const int64_t len = int64_t(prompts[b].size());
@@ -72,41 +77,34 @@ inline GenerateResult generate_ids(const Model& model, const std::vector<std::ve
                           std::to_string(prompts[b][j]) + " is outside the vocabulary [0, " +
                           std::to_string(c.vocab_size) + ")");
   }
+  Batch batch(model, ws);
+  SequenceOptions so;
+  so.max_new_tokens = opts.max_new_tokens;
+  so.stop_at_eos = opts.stop_at_eos;
+  so.eos_token_id = opts.eos_token_id;
+  so.sampling = opts.sampling;
+  std::vector<SeqId> ids(B);
+  std::map<SeqId, size_t> row_of;
+  for (size_t b = 0; b < B; ++b) {
+    ids[b] = batch.add(prompts[b], so);
+    row_of[ids[b]] = b;
+  }
   GenerateResult res;
-  res.sequences = prompts;
-  res.new_tokens.assign(B, {});
   if (keep_first_logits) res.first_logits.assign(B, {});
-  if (opts.max_new_tokens == 0) return res;
-
-  std::vector<KvCache> caches;
-  caches.reserve(B);
-  for (size_t b = 0; b < B; ++b) caches.emplace_back(c, int64_t(prompts[b].size()) + opts.max_new_tokens);
-  std::vector<size_t> active(B);
-  for (size_t b = 0; b < B; ++b) active[b] = b;
-  std::vector<int32_t> next(B);
-  std::vector<SequenceChunk> chunks;
-  bool prefill = true;
-  while (!active.empty()) {
-    chunks.clear();
-    for (size_t b : active) {
-      if (prefill) chunks.push_back({&caches[b], prompts[b].data(), int64_t(prompts[b].size())});
-      else chunks.push_back({&caches[b], &next[b], 1});
+  bool first = true;
+  while (!batch.empty()) {
+    for (const SeqLogits& l : batch.compute()) {
+      const size_t b = row_of[l.seq];
+      if (first && keep_first_logits) res.first_logits[b].assign(l.logits, l.logits + l.size);
+      StepToken t = batch.accept(l.seq, batch.choose(l));
+      if (opts.on_token && !opts.on_token(b, t.token) && !t.finished) batch.stop(l.seq);
     }
-    LogitsView logits = model.forward(chunks, ws);
-    std::vector<size_t> still;
-    for (size_t i = 0; i < active.size(); ++i) {
-      const size_t b = active[i];
-      if (prefill && keep_first_logits) res.first_logits[b].assign(logits.row(int64_t(i)), logits.row(int64_t(i)) + c.vocab_size);
-      const int32_t id = argmax(logits.row(int64_t(i)), c.vocab_size);
-      next[b] = id;
-      res.sequences[b].push_back(id);
-      res.new_tokens[b].push_back(id);
-      bool go = !(opts.stop_at_eos && id == eos) && int64_t(res.new_tokens[b].size()) < opts.max_new_tokens;
-      if (opts.on_token && !opts.on_token(b, id)) go = false;
-      if (go) still.push_back(b);
-    }
-    active.swap(still);
-    prefill = false;
+    first = false;
+  }
+  for (size_t b = 0; b < B; ++b) {
+    res.sequences.push_back(batch.tokens(ids[b]));
+    res.new_tokens.push_back(batch.new_tokens(ids[b]));
+    res.finish_reasons.push_back(batch.finish_reason(ids[b]));
   }
   return res;
 }

@@ -1,8 +1,18 @@
 // Choosing the next token from logits. Greedy (argmax) is the default and matches transformers bit for bit.
+// Sampling follows transformers' order and semantics: repetition penalty, then temperature, top-k, top-p, then a
+// draw from the softmax. The random stream is our own (std::mt19937_64): the same seed gives the same output
+// here, though not the same numbers as torch's generator.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
 
-#include "opt/version.hpp"
+#include "opt/error.hpp"
 
 OPT_NAMESPACE_BEGIN
 
@@ -12,10 +22,119 @@ inline int32_t argmax(const float* logits, int64_t n) noexcept {
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i) {
     const float v = logits[i], b = logits[best];
-    if (b != b) break;               // NaN already chosen
-    if (v > b || v != v) best = i;   // larger, or the first NaN
+    if (b != b) break;              // NaN already chosen
+    if (v > b || v != v) best = i;  // larger, or the first NaN
   }
   return int32_t(best);
 }
+
+struct SamplingOptions {
+  float temperature = 1.0f;         // with do_sample; <= 0 means greedy
+  int64_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // 1: off
+  float repetition_penalty = 1.0f;  // 1: off; applied to every id of the prompt and of the output so far
+  uint64_t seed = 0;
+  bool do_sample = false;           // false: greedy (repetition_penalty still applies, as in transformers)
+
+  void validate() const {
+    if (!(temperature >= 0.0f) || !std::isfinite(temperature))
+      throw input_error("sampling: temperature = " + std::to_string(temperature) + ", expected a finite value >= 0");
+    if (top_k < 0) throw input_error("sampling: top_k = " + std::to_string(top_k) + ", expected >= 0");
+    if (!(top_p > 0.0f && top_p <= 1.0f))
+      throw input_error("sampling: top_p = " + std::to_string(top_p) + ", expected 0 < top_p <= 1");
+    if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
+      throw input_error("sampling: repetition_penalty = " + std::to_string(repetition_penalty) + ", expected > 0");
+  }
+  bool greedy() const noexcept { return !do_sample || temperature <= 0.0f; }
+};
+
+// One sequence's sampler: its options and its random stream.
+class Sampler {
+ public:
+  Sampler() = default;
+  explicit Sampler(const SamplingOptions& o) : o_(o), rng_(o.seed) { o.validate(); }
+  const SamplingOptions& options() const noexcept { return o_; }
+
+  // Chooses the next token. `history` is every id so far (prompt + generated), for the repetition penalty.
+  // `scratch` avoids allocation in steady state. logits are not modified.
+  int32_t sample(const float* logits, int64_t n, const std::vector<int32_t>& history) {
+    const bool penalize = o_.repetition_penalty != 1.0f;
+    if (o_.greedy() && !penalize) return argmax(logits, n);
+    buf_.assign(logits, logits + n);
+    if (penalize) {
+      // RepetitionPenaltyLogitsProcessor: score < 0 ? score * p : score / p, once per distinct id
+      if (seen_.size() < size_t(n)) seen_.assign(size_t(n), 0);
+      for (int32_t id : history) {
+        if (id < 0 || id >= n) continue;
+        float& s = buf_[size_t(id)];
+        if (seen_[size_t(id)]) continue;
+        seen_[size_t(id)] = 1;
+        s = s < 0 ? s * o_.repetition_penalty : s / o_.repetition_penalty;
+      }
+      for (int32_t id : history)
+        if (id >= 0 && id < n) seen_[size_t(id)] = 0;
+    }
+    if (o_.greedy()) return argmax(buf_.data(), n);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    // TemperatureLogitsWarper
+    if (o_.temperature != 1.0f)
+      for (float& s : buf_) s = s / o_.temperature;
+    // TopKLogitsWarper: remove scores below the k-th largest (ties with it stay)
+    if (o_.top_k > 0 && o_.top_k < n) {
+      idx_.resize(size_t(n));
+      std::iota(idx_.begin(), idx_.end(), 0);
+      std::nth_element(idx_.begin(), idx_.begin() + (o_.top_k - 1), idx_.end(),
+                       [&](int32_t a, int32_t b) { return buf_[size_t(a)] > buf_[size_t(b)]; });
+      const float kth = buf_[size_t(idx_[size_t(o_.top_k - 1)])];
+      for (float& s : buf_)
+        if (s < kth) s = neg_inf;
+    }
+    // TopPLogitsWarper: sort ascending, drop the tokens whose cumulative probability is <= 1 - top_p (keep >= 1)
+    if (o_.top_p < 1.0f) {
+      idx_.resize(size_t(n));
+      std::iota(idx_.begin(), idx_.end(), 0);
+      std::stable_sort(idx_.begin(), idx_.end(), [&](int32_t a, int32_t b) { return buf_[size_t(a)] < buf_[size_t(b)]; });
+      softmax_into(probs_);
+      double cum = 0;
+      for (size_t i = 0; i + 1 < idx_.size(); ++i) {  // the last (largest) always stays
+        cum += probs_[size_t(idx_[i])];
+        if (cum <= 1.0 - double(o_.top_p)) buf_[size_t(idx_[i])] = neg_inf;
+        else break;
+      }
+    }
+    softmax_into(probs_);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const double r = u(rng_);
+    double cum = 0;
+    int32_t last_nonzero = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (probs_[size_t(i)] <= 0) continue;
+      last_nonzero = int32_t(i);
+      cum += probs_[size_t(i)];
+      if (r < cum) return int32_t(i);
+    }
+    return last_nonzero;  // rounding left r just above the total
+  }
+
+ private:
+  void softmax_into(std::vector<double>& p) const {
+    p.resize(buf_.size());
+    float mx = -std::numeric_limits<float>::infinity();
+    for (float s : buf_) mx = std::max(mx, s);
+    double sum = 0;
+    for (size_t i = 0; i < buf_.size(); ++i) {
+      p[i] = std::isinf(buf_[i]) && buf_[i] < 0 ? 0.0 : std::exp(double(buf_[i]) - double(mx));
+      sum += p[i];
+    }
+    for (double& x : p) x /= sum;
+  }
+
+  SamplingOptions o_;
+  std::mt19937_64 rng_{0};
+  std::vector<float> buf_;
+  std::vector<double> probs_;
+  std::vector<int32_t> idx_;
+  std::vector<uint8_t> seen_;
+};
 
 OPT_NAMESPACE_END

@@ -1,0 +1,221 @@
+// opt::Batch: the step loop a host drives itself (streaming, continuous batching). Sequences join between steps
+// (prompt ids), each step runs ONE forward pass over every active sequence (a newcomer's whole prompt, the
+// others' last token), picks each next token with the sequence's own sampler, and retires finished sequences,
+// freeing their KV cache at once. Each sequence gets exactly what it would get alone: it has its own cache and
+// positions, and the kernels compute every row independently of the others.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "opt/error.hpp"
+#include "opt/model.hpp"
+#include "opt/sampler.hpp"
+
+OPT_NAMESPACE_BEGIN
+
+enum class FinishReason { none, eos, length, stopped };
+
+inline const char* to_string(FinishReason r) noexcept {
+  switch (r) {
+    case FinishReason::none: return "none";
+    case FinishReason::eos: return "eos";
+    case FinishReason::length: return "length";
+    case FinishReason::stopped: return "stopped";
+  }
+  return "?";
+}
+
+struct SequenceOptions {
+  int64_t max_new_tokens = 32;
+  bool stop_at_eos = true;
+  int64_t eos_token_id = -1;  // -1: the model's config.eos_token_id
+  SamplingOptions sampling;   // greedy by default
+};
+
+using SeqId = uint64_t;
+
+// What one step produced for one sequence.
+struct StepToken {
+  SeqId seq = 0;
+  int32_t token = 0;
+  bool finished = false;
+  FinishReason reason = FinishReason::none;
+};
+
+// The logits one step computed for one sequence (valid until the next step).
+struct SeqLogits {
+  SeqId seq = 0;
+  const float* logits = nullptr;
+  int64_t size = 0;
+};
+
+class Batch {
+ public:
+  // A batch with its own Workspace (threads: 0 = all cores).
+  explicit Batch(const Model& model, size_t threads = 0)
+      : model_(&model), own_ws_(std::make_unique<Workspace>(threads)), ws_(own_ws_.get()) {}
+  // A batch using the caller's Workspace.
+  Batch(const Model& model, Workspace& ws) : model_(&model), ws_(&ws) {}
+
+  // Adds a sequence; it joins at the next step. Throws input_error for an empty prompt, ids outside the vocabulary,
+  // or prompt + max_new_tokens beyond the model's context (max_position_embeddings): never a silent truncation.
+  SeqId add(std::vector<int32_t> prompt, const SequenceOptions& opts = {}) {
+    const Config& c = model_->config();
+    if (prompt.empty()) throw input_error("Batch::add: empty prompt");
+    if (opts.max_new_tokens < 0)
+      throw input_error("Batch::add: max_new_tokens = " + std::to_string(opts.max_new_tokens) + ", expected >= 0");
+    for (size_t j = 0; j < prompt.size(); ++j)
+      if (prompt[j] < 0 || prompt[j] >= c.vocab_size)
+        throw input_error("Batch::add: prompt token " + std::to_string(j) + " = " + std::to_string(prompt[j]) +
+                          " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    const int64_t need = int64_t(prompt.size()) + opts.max_new_tokens;
+    if (need > c.max_position_embeddings)
+      throw input_error("Batch::add: prompt of " + std::to_string(prompt.size()) + " tokens + max_new_tokens " +
+                        std::to_string(opts.max_new_tokens) + " = " + std::to_string(need) +
+                        " positions, beyond max_position_embeddings " + std::to_string(c.max_position_embeddings));
+    Seq s;
+    s.prompt_len = prompt.size();
+    s.tokens = std::move(prompt);
+    s.opts = opts;
+    s.eos = opts.eos_token_id >= 0 ? opts.eos_token_id : c.eos_token_id;
+    s.sampler = Sampler(opts.sampling);
+    if (opts.max_new_tokens == 0) {
+      s.finished = true;
+      s.reason = FinishReason::length;
+    } else {
+      s.cache = std::make_unique<KvCache>(c, need);
+    }
+    const SeqId id = next_id_++;
+    seqs_.emplace(id, std::move(s));
+    return id;
+  }
+
+  // Sequences that have not finished.
+  size_t active() const noexcept {
+    size_t n = 0;
+    for (auto& [id, s] : seqs_) n += !s.finished;
+    return n;
+  }
+  bool empty() const noexcept { return active() == 0; }
+
+  // Lower level, step 1: one forward pass for every active sequence; returns each one's next-token logits.
+  // Follow it with accept() for each (or use step(), which does both).
+  std::vector<SeqLogits> compute() {
+    chunks_.clear();
+    order_.clear();
+    for (auto& [id, s] : seqs_) {
+      if (s.finished) continue;
+      const int64_t have = s.cache->size();
+      const int64_t pending = int64_t(s.tokens.size()) - have;
+      if (pending <= 0)
+        throw input_error("Batch::compute: sequence " + std::to_string(id) + " has no pending token (call accept)");
+      chunks_.push_back({s.cache.get(), s.tokens.data() + have, pending});
+      order_.push_back(id);
+    }
+    std::vector<SeqLogits> out;
+    if (chunks_.empty()) return out;
+    LogitsView lv = model_->forward(chunks_, *ws_);
+    out.reserve(order_.size());
+    for (size_t i = 0; i < order_.size(); ++i) out.push_back({order_[i], lv.row(int64_t(i)), lv.cols});
+    return out;
+  }
+
+  // Lower level, step 2: appends `token` to a sequence and applies its stop rules (EOS, max_new_tokens).
+  StepToken accept(SeqId id, int32_t token) {
+    Seq& s = get(id, "accept");
+    if (s.finished) throw input_error("Batch::accept: sequence " + std::to_string(id) + " has finished");
+    if (token < 0 || token >= model_->config().vocab_size)
+      throw input_error("Batch::accept: token " + std::to_string(token) + " is outside the vocabulary");
+    s.tokens.push_back(token);
+    StepToken st{id, token, false, FinishReason::none};
+    if (s.opts.stop_at_eos && token == s.eos) st.reason = FinishReason::eos;
+    else if (int64_t(s.tokens.size() - s.prompt_len) >= s.opts.max_new_tokens) st.reason = FinishReason::length;
+    if (st.reason != FinishReason::none) {
+      retire(s, st.reason);
+      st.finished = true;
+    }
+    return st;
+  }
+
+  // The token the sequence's own sampler picks from logits computed for it (greedy unless it samples).
+  int32_t choose(const SeqLogits& l) {
+    Seq& s = get(l.seq, "choose");
+    return s.sampler.sample(l.logits, l.size, s.tokens);
+  }
+
+  // One step: compute(), then each sequence's sampler picks its token, then accept().
+  std::vector<StepToken> step() {
+    std::vector<SeqLogits> logits = compute();
+    std::vector<StepToken> out;
+    out.reserve(logits.size());
+    for (const SeqLogits& l : logits) out.push_back(accept(l.seq, choose(l)));
+    return out;
+  }
+
+  // The host stops a sequence (a stop string, a disconnected client): its cache is freed at once.
+  void stop(SeqId id) {
+    Seq& s = get(id, "stop");
+    if (!s.finished) retire(s, FinishReason::stopped);
+  }
+  // Forgets a sequence (finished or not) and everything it holds.
+  void release(SeqId id) {
+    get(id, "release");
+    seqs_.erase(id);
+  }
+
+  bool contains(SeqId id) const noexcept { return seqs_.count(id) != 0; }
+  bool finished(SeqId id) const { return get(id, "finished").finished; }
+  FinishReason finish_reason(SeqId id) const { return get(id, "finish_reason").reason; }
+  // Prompt followed by the tokens generated so far.
+  const std::vector<int32_t>& tokens(SeqId id) const { return get(id, "tokens").tokens; }
+  std::vector<int32_t> new_tokens(SeqId id) const {
+    const Seq& s = get(id, "new_tokens");
+    return std::vector<int32_t>(s.tokens.begin() + int64_t(s.prompt_len), s.tokens.end());
+  }
+  size_t prompt_length(SeqId id) const { return get(id, "prompt_length").prompt_len; }
+  // Bytes of KV cache held by unfinished sequences.
+  size_t cache_bytes() const noexcept {
+    size_t b = 0;
+    for (auto& [id, s] : seqs_) b += s.cache ? s.cache->bytes() : 0;
+    return b;
+  }
+  const Model& model() const noexcept { return *model_; }
+  Workspace& workspace() noexcept { return *ws_; }
+
+ private:
+  struct Seq {
+    std::vector<int32_t> tokens;
+    size_t prompt_len = 0;
+    SequenceOptions opts;
+    int64_t eos = 2;
+    Sampler sampler;
+    std::unique_ptr<KvCache> cache;
+    bool finished = false;
+    FinishReason reason = FinishReason::none;
+  };
+  Seq& get(SeqId id, const char* what) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) throw input_error(std::string("Batch::") + what + ": no sequence " + std::to_string(id));
+    return it->second;
+  }
+  const Seq& get(SeqId id, const char* what) const { return const_cast<Batch*>(this)->get(id, what); }
+  static void retire(Seq& s, FinishReason r) {
+    s.finished = true;
+    s.reason = r;
+    s.cache.reset();  // free the KV cache now
+  }
+
+  const Model* model_;
+  std::unique_ptr<Workspace> own_ws_;
+  Workspace* ws_;
+  std::map<SeqId, Seq> seqs_;  // ordered: passes are laid out in the order sequences joined
+  SeqId next_id_ = 1;
+  std::vector<SequenceChunk> chunks_;
+  std::vector<SeqId> order_;
+};
+
+OPT_NAMESPACE_END
