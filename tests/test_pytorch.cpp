@@ -8,7 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -100,50 +102,41 @@ struct ZipItem {
   uint16_t method = 0;
 };
 
-// A zip archive of stored entries, as torch.save writes it (without the alignment padding).
-std::string make_zip(const std::vector<ZipItem>& items) {
+// Little-endian fields of the given widths, e.g. {{0x04034b50, 4}, {20, 2}}.
+void put_fields(std::string& b, std::initializer_list<std::pair<uint64_t, int>> fields) {
+  for (auto& [v, n] : fields) put_le(b, v, n);
+}
+
+// A zip archive of stored entries, as torch.save writes it (without the alignment padding). With `zip64`, the
+// central directory keeps sizes and offsets in ZIP64 extra fields and the end record points to a ZIP64 one.
+std::string make_zip(const std::vector<ZipItem>& items, bool zip64 = false) {
+  const uint64_t big = zip64 ? 0xffffffffu : 0;
   std::string out, cd;
   for (auto& it : items) {
-    uint32_t crc = opt::detail::crc32(reinterpret_cast<const std::byte*>(it.data.data()), it.data.size());
-    uint64_t off = out.size();
-    put_le(out, 0x04034b50, 4);
-    put_le(out, 20, 2);
-    put_le(out, 0, 2);
-    put_le(out, it.method, 2);
-    put_le(out, 0, 4);
-    put_le(out, crc, 4);
-    put_le(out, it.data.size(), 4);
-    put_le(out, it.data.size(), 4);
-    put_le(out, it.name.size(), 2);
-    put_le(out, 0, 2);
+    uint64_t crc = opt::detail::crc32(reinterpret_cast<const std::byte*>(it.data.data()), it.data.size());
+    uint64_t off = out.size(), n = it.data.size(), nlen = it.name.size();
+    // local header: signature, version, flags, method, time+date, crc, sizes, name and extra lengths
+    put_fields(out, {{0x04034b50, 4}, {20, 2}, {0, 2}, {it.method, 2}, {0, 4}, {crc, 4}, {n, 4}, {n, 4}, {nlen, 2},
+                     {0, 2}});
     out += it.name + it.data;
-    put_le(cd, 0x02014b50, 4);
-    put_le(cd, 20, 2);
-    put_le(cd, 20, 2);
-    put_le(cd, 0, 2);
-    put_le(cd, it.method, 2);
-    put_le(cd, 0, 4);
-    put_le(cd, crc, 4);
-    put_le(cd, it.data.size(), 4);
-    put_le(cd, it.data.size(), 4);
-    put_le(cd, it.name.size(), 2);
-    put_le(cd, 0, 2);
-    put_le(cd, 0, 2);
-    put_le(cd, 0, 2);
-    put_le(cd, 0, 2);
-    put_le(cd, 0, 4);
-    put_le(cd, off, 4);
+    // central directory: as above plus version made by, comment length, disk, attributes, local header offset
+    put_fields(cd, {{0x02014b50, 4}, {20, 2}, {20, 2}, {0, 2}, {it.method, 2}, {0, 4}, {crc, 4}, {big ? big : n, 4},
+                    {big ? big : n, 4}, {nlen, 2}, {zip64 ? 28u : 0u, 2}, {0, 2}, {0, 2}, {0, 2}, {0, 4},
+                    {big ? big : off, 4}});
     cd += it.name;
+    if (zip64) put_fields(cd, {{0x0001, 2}, {24, 2}, {n, 8}, {n, 8}, {off, 8}});
   }
-  uint64_t cd_off = out.size();
+  uint64_t cd_off = out.size(), count = items.size();
   out += cd;
-  put_le(out, 0x06054b50, 4);
-  put_le(out, 0, 4);
-  put_le(out, items.size(), 2);
-  put_le(out, items.size(), 2);
-  put_le(out, cd.size(), 4);
-  put_le(out, cd_off, 4);
-  put_le(out, 0, 2);
+  if (zip64) {
+    uint64_t z = out.size();
+    put_fields(out, {{0x06064b50, 4}, {44, 8}, {45, 2}, {45, 2}, {0, 4}, {0, 4}, {count, 8}, {count, 8},
+                     {cd.size(), 8}, {cd_off, 8}});
+    put_fields(out, {{0x07064b50, 4}, {0, 4}, {z, 8}, {1, 4}});
+    put_fields(out, {{0x06054b50, 4}, {0, 4}, {0xffff, 2}, {0xffff, 2}, {big, 4}, {big, 4}, {0, 2}});
+  } else {
+    put_fields(out, {{0x06054b50, 4}, {0, 4}, {count, 2}, {count, 2}, {cd.size(), 4}, {cd_off, 4}, {0, 2}});
+  }
   return out;
 }
 
@@ -464,6 +457,16 @@ TEST_CASE("zip details: compressed, legacy and non-torch archives are refused cl
   std::string deflated = make_zip({{"archive/data.pkl", pkl, 8}, {"archive/data/0", floats({1})}});
   CHECK(error_of(deflated).find("zip entry 'archive/data.pkl' is compressed (method 8, deflate); only stored") !=
         std::string::npos);
+  // ZIP64 end records and extra fields are followed.
+  std::string z64 = make_zip({{"archive/data.pkl", pkl}, {"archive/data/0", floats({2.5f})}}, true);
+  opt::PytorchFile f64 = opt::PytorchFile::from_bytes(z64, "zip64.bin");
+  REQUIRE(f64.find("w"));
+  float w;
+  std::memcpy(&w, f64.find("w")->data, 4);
+  CHECK(w == 2.5f);
+  std::string z64bad = z64;
+  z64bad[z64bad.size() - 22 - 20 + 8] ^= 0x01;  // the locator's pointer to the ZIP64 end record
+  CHECK(error_of(z64bad).find("no ZIP64 end of central directory record") != std::string::npos);
   CHECK(error_of(make_zip({{"a/b.txt", "x"}})).find("without a <name>/data.pkl entry") != std::string::npos);
   CHECK(error_of(make_zip({{"a/data.pkl", pkl}, {"b/data.pkl", pkl}})).find("two pickles") != std::string::npos);
   CHECK(error_of(make_zip({{"a/data.pkl", pkl}, {"a/data.pkl", pkl}})).find("appears twice") != std::string::npos);
