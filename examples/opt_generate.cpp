@@ -1,32 +1,104 @@
-// opt-generate: greedy generation from the command line.
+// opt-generate: the everyday command line for OPT models.
 //
-//   opt-generate -m MODEL_DIR [-n MAX_NEW_TOKENS] --jsonl FILE|-  [--padding left|right] [--logits] [--threads N]
+//   opt-generate -m MODEL_DIR -p "Hello, my name is" -n 50 [--temp T --top-k K --top-p P --seed S
+//                --repeat-penalty R --stop STR ... --threads N -t TOKENIZER_DIR]
+//       streams the answer to stdout, then prints load time, prefill and decode speed to stderr.
 //
-// JSONL contract (other tools rely on it): each input line is {"ids": [...]}; all lines form ONE batch, padded on
-// the side given by --padding. For each input line, in order, one output line {"ids": [prompt + new, unpadded],
-// "new_ids": [...]}; with --logits also "logits": [...], the logits that chose the first new token.
+//   opt-generate -m MODEL_DIR [-n MAX_NEW_TOKENS] --jsonl FILE|- [--padding left|right] [--logits]
+//       JSONL contract (other tools rely on it): each input line is {"ids": [...]} or {"prompt": "..."} (prompt
+//       needs a tokenizer); all lines form ONE batch, padded on the side given by --padding (default left). For
+//       each input line, in order, one output line {"ids": [prompt + new, unpadded], "new_ids": [...]} plus
+//       "text" (prompt + completion, special tokens skipped) when a tokenizer is available, and with --logits
+//       "logits": [...], the logits that chose the first new token.
 // Exit code 0 on success; on any error one line on stderr and a non-zero exit.
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <opt/generate.hpp>
+#include <optional>
 
 namespace {
 
 using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::string model;
+  std::string model, tokenizer, jsonl, padding = "left";
+  std::vector<std::string> prompts, stop;
   int64_t max_new_tokens = 50;
-  std::string jsonl;
-  std::string padding = "left";
-  bool logits = false;
+  bool logits = false, stats = false, no_stream = false;
   size_t threads = 0;
+  opt::SamplingOptions sampling;
+  bool strict = true;
 };
 
-int run(const Args& a) {
-  opt::Model model = opt::Model::load(a.model);
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+std::optional<opt::Tokenizer> load_tokenizer(const Args& a) {
+  namespace fs = std::filesystem;
+  if (!a.tokenizer.empty()) return opt::Tokenizer::from_dir(a.tokenizer);
+  const fs::path m = a.model;
+  if ((fs::exists(m / "vocab.json") && fs::exists(m / "merges.txt")) || fs::exists(m / "tokenizer.json"))
+    return opt::Tokenizer::from_dir(m);
+  return std::nullopt;
+}
+
+opt::GenerateOptions options(const Args& a) {
+  opt::GenerateOptions go;
+  go.max_new_tokens = a.max_new_tokens;
+  go.sampling = a.sampling;
+  go.stop = a.stop;
+  return go;
+}
+
+void print_stats(double load_s, double prefill_s, size_t prompt_tokens, double decode_s, size_t decode_tokens,
+                 size_t threads) {
+  std::fprintf(stderr, "load %.1f ms | prefill %zu tokens in %.1f ms (%.1f tok/s) | decode %zu tokens in %.1f ms "
+               "(%.1f tok/s, %.2f ms/token) | %zu threads\n",
+               load_s * 1e3, prompt_tokens, prefill_s * 1e3, prefill_s > 0 ? prompt_tokens / prefill_s : 0.0,
+               decode_tokens, decode_s * 1e3, decode_s > 0 ? decode_tokens / decode_s : 0.0,
+               decode_tokens ? decode_s * 1e3 / decode_tokens : 0.0, threads);
+}
+
+// -p mode: text in, text streamed out.
+int run_prompts(const Args& a, const opt::Model& model, const std::optional<opt::Tokenizer>& tok, double load_s) {
+  if (!tok) throw opt::input_error("-p needs a tokenizer: the model folder has none; pass -t TOKENIZER_DIR");
+  opt::GenerateOptions go = options(a);
+  const bool stream = a.prompts.size() == 1 && !a.no_stream;
+  Clock::time_point t0 = Clock::now(), t_first{};
+  size_t new_tokens = 0, prompt_tokens = 0;
+  for (auto& p : a.prompts) prompt_tokens += tok->encode(p).size();
+  bool first = true;
+  go.on_text = [&](size_t, int32_t id, std::string_view piece) {
+    if (id >= 0) {
+      ++new_tokens;
+      if (first) t_first = Clock::now(), first = false;
+    }
+    if (stream) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  if (stream) std::fwrite(a.prompts[0].data(), 1, a.prompts[0].size(), stdout);
+  opt::Workspace ws(a.threads);
+  opt::GenerateResult r = opt::generate(model, *tok, a.prompts, go, ws);
+  Clock::time_point t1 = Clock::now();
+  if (stream) std::fputs("\n", stdout);
+  else
+    for (auto& t : r.texts) std::cout << t << '\n';
+  std::cout.flush();
+  const size_t steps = new_tokens > a.prompts.size() ? new_tokens - a.prompts.size() : 0;
+  print_stats(load_s, first ? 0 : seconds(t0, t_first), prompt_tokens, first ? 0 : seconds(t_first, t1), steps,
+              ws.threads());
+  return 0;
+}
+
+// --jsonl mode: the batch contract.
+int run_jsonl(const Args& a, const opt::Model& model, const std::optional<opt::Tokenizer>& tok, double load_s) {
   std::istream* in = &std::cin;
   std::ifstream file;
   if (a.jsonl != "-") {
@@ -34,83 +106,119 @@ int run(const Args& a) {
     if (!file) throw opt::io_error(a.jsonl + ": cannot open");
     in = &file;
   }
-  // read every line: they form one batch
   std::vector<std::vector<int32_t>> prompts;
   std::string line;
   for (size_t lineno = 1; std::getline(*in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = "input line " + std::to_string(lineno);
     json j;
     try {
       j = json::parse(line);
     } catch (const json::exception& e) {
-      throw opt::input_error("input line " + std::to_string(lineno) + ": malformed JSON: " + e.what());
+      throw opt::input_error(where + ": malformed JSON: " + e.what());
     }
-    if (!j.is_object() || !j.contains("ids") || !j["ids"].is_array())
-      throw opt::input_error("input line " + std::to_string(lineno) + ": expected {\"ids\": [...]}");
-    std::vector<int32_t> ids;
-    for (auto& v : j["ids"]) {
-      if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX)
-        throw opt::input_error("input line " + std::to_string(lineno) + ": ids must be integers, found " + v.dump());
-      ids.push_back(int32_t(v.get<int64_t>()));
+    if (j.is_object() && j.contains("ids") && j["ids"].is_array()) {
+      std::vector<int32_t> ids;
+      for (auto& v : j["ids"]) {
+        if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX)
+          throw opt::input_error(where + ": ids must be integers, found " + v.dump());
+        ids.push_back(int32_t(v.get<int64_t>()));
+      }
+      prompts.push_back(std::move(ids));
+    } else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
+      if (!tok) throw opt::input_error(where + ": a \"prompt\" needs a tokenizer; pass -t TOKENIZER_DIR");
+      prompts.push_back(tok->encode(j["prompt"].get<std::string>()));
+    } else {
+      throw opt::input_error(where + ": expected {\"ids\": [...]} or {\"prompt\": \"...\"}");
     }
-    prompts.push_back(std::move(ids));
+  }
+  for (auto& p : a.prompts) {
+    if (!tok) throw opt::input_error("-p needs a tokenizer; pass -t TOKENIZER_DIR");
+    prompts.push_back(tok->encode(p));
   }
   if (prompts.empty()) throw opt::input_error("no input lines: expected one {\"ids\": [...]} per line");
 
-  // One padded [B, T] batch with an attention mask, as a Python worker would build it; the engine runs each row
-  // unpadded, so the side does not change any row's result.
+  // One padded [B, T] batch with an attention mask, as a Python worker builds it; the engine runs each row
+  // unpadded, so the side cannot change any row's result.
   size_t T = 0;
   for (auto& p : prompts) T = std::max(T, p.size());
   const int32_t pad = int32_t(model.config().pad_token_id);
   std::vector<std::vector<int32_t>> ids(prompts.size()), mask(prompts.size());
   for (size_t b = 0; b < prompts.size(); ++b) {
-    const size_t n_pad = T - prompts[b].size();
-    std::vector<int32_t> pads(n_pad, pad), zeros(n_pad, 0), ones(prompts[b].size(), 1);
-    if (a.padding == "left") {
-      ids[b] = pads, mask[b] = zeros;
-      ids[b].insert(ids[b].end(), prompts[b].begin(), prompts[b].end());
-      mask[b].insert(mask[b].end(), ones.begin(), ones.end());
-    } else {
-      ids[b] = prompts[b], mask[b] = ones;
-      ids[b].insert(ids[b].end(), pads.begin(), pads.end());
-      mask[b].insert(mask[b].end(), zeros.begin(), zeros.end());
-    }
+    const size_t n_pad = T - prompts[b].size(), n = prompts[b].size();
+    const bool left = a.padding == "left";
+    ids[b].assign(T, pad);
+    mask[b].assign(T, 0);
+    std::copy(prompts[b].begin(), prompts[b].end(), ids[b].begin() + int64_t(left ? n_pad : 0));
+    std::fill(mask[b].begin() + int64_t(left ? n_pad : 0), mask[b].begin() + int64_t(left ? T : n), 1);
   }
-  opt::GenerateOptions go;
-  go.max_new_tokens = a.max_new_tokens;
+  opt::GenerateOptions go = options(a);
   opt::Workspace ws(a.threads);
+  Clock::time_point t0 = Clock::now();
   opt::GenerateResult r = opt::generate_ids(model, opt::unpad(ids, mask), go, ws, a.logits);
+  Clock::time_point t1 = Clock::now();
+  size_t new_tokens = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {
     json out = {{"ids", r.sequences[b]}, {"new_ids", r.new_tokens[b]}};
+    if (tok) {
+      std::vector<int32_t> known;
+      for (int32_t id : r.sequences[b])
+        if (id >= 0 && size_t(id) < tok->vocab_size()) known.push_back(id);
+      opt::DecodeOptions d;
+      d.skip_special_tokens = true;
+      out["text"] = tok->decode(known, d);
+    }
     if (a.logits) out["logits"] = r.first_logits[b];
-    std::cout << out.dump() << '\n';
+    std::cout << out.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
+    new_tokens += r.new_tokens[b].size();
   }
   std::cout.flush();
+  if (a.stats) print_stats(load_s, 0, 0, seconds(t0, t1), new_tokens, ws.threads());
   return std::cout ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"opt-generate: greedy generation with an OPT model"};
+  CLI::App app{"opt-generate: run an OPT model (greedy by default)"};
   Args a;
   app.add_option("-m,--model", a.model, "model folder (config.json + model.safetensors)")->required();
+  app.add_option("-t,--tokenizer", a.tokenizer, "tokenizer folder (default: the model folder, if it has one)");
+  app.add_option("-p,--prompt", a.prompts, "prompt text (repeat for a batch)");
   app.add_option("-n,--max-new-tokens", a.max_new_tokens, "new tokens per prompt (default 50)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
-  app.add_option("--jsonl", a.jsonl, "input file of {\"ids\": [...]} lines, or - for stdin")->required();
-  app.add_option("--padding", a.padding, "padding side of the batch: left (default) or right")
+  app.add_option("--jsonl", a.jsonl, "batch mode: a file of {\"ids\": [...]} / {\"prompt\": ...} lines, or -");
+  app.add_option("--padding", a.padding, "padding side of the --jsonl batch: left (default) or right")
       ->check(CLI::IsMember({"left", "right"}));
-  app.add_flag("--logits", a.logits, "add the logits that chose the first new token");
-  app.add_option("-t,--threads", a.threads, "threads (default: all cores)");
+  app.add_flag("--logits", a.logits, "--jsonl: add the logits that chose the first new token");
+  app.add_option("--temp", a.sampling.temperature, "sampling temperature (default: greedy)");
+  app.add_option("--top-k", a.sampling.top_k, "top-k sampling (0: off)");
+  app.add_option("--top-p", a.sampling.top_p, "top-p (nucleus) sampling (1: off)");
+  app.add_option("--seed", a.sampling.seed, "random seed for sampling");
+  app.add_option("--repeat-penalty", a.sampling.repetition_penalty, "repetition penalty (1: off)");
+  app.add_option("--stop", a.stop, "stop string (repeatable); never printed");
+  app.add_option("--threads", a.threads, "threads (default: all cores)");
+  app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too");
+  app.add_flag("--no-stream", a.no_stream, "-p: print the answer at the end instead of streaming it");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // sampling is on when any sampling flag is given
+  a.sampling.do_sample = app.count("--temp") || app.count("--top-k") || app.count("--top-p") || app.count("--seed");
   try {
-    return run(a);
+    if (a.jsonl.empty() && a.prompts.empty()) throw opt::input_error("give -p PROMPT or --jsonl FILE|-");
+    Clock::time_point t0 = Clock::now();
+    opt::Model model = opt::Model::load(a.model);
+    std::optional<opt::Tokenizer> tok = load_tokenizer(a);
+    const double load_s = seconds(t0, Clock::now());
+    return a.jsonl.empty() ? run_prompts(a, model, tok, load_s) : run_jsonl(a, model, tok, load_s);
   } catch (const std::exception& e) {
-    std::cerr << "opt-generate: " << e.what() << '\n';
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    std::cerr << "opt-generate: " << msg << '\n';
     return 1;
   }
 }

@@ -1,10 +1,13 @@
-// Generation: token-id prompts in, prompt + new ids out, written on the step loop of opt::Batch. Greedy by
+// Generation, written on the step loop of opt::Batch: token-id prompts in, prompt + new ids out (generate_ids),
+// or text in, text out (generate: encode, generate, batch_decode, with streaming and stop strings). Greedy by
 // default. Each row of a batch gets exactly what it would get alone: rows are kept unpadded (each sequence has its
 // own cache and positions), so left, right or no padding in the caller's input cannot change a row's result.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -12,6 +15,7 @@
 #include "opt/batch.hpp"
 #include "opt/model.hpp"
 #include "opt/sampler.hpp"
+#include "opt/tokenizer.hpp"
 
 OPT_NAMESPACE_BEGIN
 
@@ -23,6 +27,17 @@ struct GenerateOptions {
   SamplingOptions sampling;   // greedy by default
   // Called for each new token of each row; return false to stop that row.
   std::function<bool(size_t row, int32_t id)> on_token;
+
+  // ---- text API only (generate with a Tokenizer) ----
+  std::vector<std::string> stop;      // stop strings: the text ends before the first one; it is never emitted
+  bool return_full_text = true;       // texts start with their prompt (batch_decode of the whole sequence)
+  bool skip_special_tokens = true;    // as the seed's batch_decode(skip_special_tokens=True)
+  bool clean_up_tokenization_spaces = true;  // transformers 4.36's default
+  size_t max_prompt_tokens = 0;       // > 0: prompts longer than this keep their first ids (HF truncation)
+  // Streaming: called with each new token and the text it completes (always whole UTF-8, possibly empty while
+  // a character or a possible stop string is incomplete); at the end of a row, once more with id -1 and the
+  // rest. The pieces of a row concatenate to its completion. Return false to stop that row.
+  std::function<bool(size_t row, int32_t id, std::string_view piece)> on_text;
 };
 
 struct GenerateResult {
@@ -30,6 +45,9 @@ struct GenerateResult {
   std::vector<std::vector<int32_t>> new_tokens;  // per row: new ids (ending with EOS if it stopped there)
   std::vector<std::vector<float>> first_logits;  // per row: the logits that chose the first new token
   std::vector<FinishReason> finish_reasons;      // per row: eos, length or stopped
+  // text API only
+  std::vector<std::string> texts;        // per row: prompt + completion (or the completion alone)
+  std::vector<std::string> completions;  // per row: the new text, cut before a stop string
 };
 
 // Rows of a padded [B, T] batch, keeping the tokens whose mask is 1 (in order). Any mask pattern works, as in
@@ -113,6 +131,136 @@ inline GenerateResult generate_ids(const Model& model, const std::vector<std::ve
                                    const GenerateOptions& opts = {}) {
   Workspace ws(opts.threads);
   return generate_ids(model, prompts, opts, ws);
+}
+
+// ---- text -----------------------------------------------------------------------------------------------------
+
+// One sequence's new text as tokens arrive: a streaming detokenizer plus stop strings. Text that might be the
+// start of a stop string is held back until it is known not to be one.
+class TextStream {
+ public:
+  TextStream(const Tokenizer& tok, std::vector<std::string> stop, DecodeOptions opts)
+      : tok_(tok), dec_(tok, opts), stop_(std::move(stop)) {
+    for (auto& s : stop_)
+      if (s.empty()) throw input_error("generate: empty stop string");
+  }
+
+  // Feeds one new id; returns the text that can be emitted now. Ids the tokenizer lacks (a model may have more
+  // rows than the tokenizer has tokens) add no text.
+  std::string push(int32_t id) {
+    if (stopped_) return std::string();
+    if (id >= 0 && size_t(id) < tok_.vocab_size()) text_ += dec_.push(id);
+    return take(false);
+  }
+  // At the end of the sequence: whatever was held back.
+  std::string finish() {
+    if (!stopped_) text_ += dec_.flush();
+    return take(true);
+  }
+  bool stopped() const noexcept { return stopped_; }
+  const std::string& text() const noexcept { return text_; }
+
+ private:
+  std::string take(bool all) {
+    size_t end = text_.size();
+    if (!stop_.empty() && !stopped_) {
+      size_t longest = 0;
+      for (auto& s : stop_) longest = std::max(longest, s.size());
+      const size_t from = emitted_ > longest ? emitted_ - longest : 0;
+      size_t hit = std::string::npos;
+      for (auto& s : stop_) hit = std::min(hit, text_.find(s, from));
+      if (hit != std::string::npos) {
+        stopped_ = true;
+        text_.resize(hit);
+        end = hit;
+      } else if (!all) {
+        // hold back the longest tail that is a proper prefix of a stop string
+        size_t hold = 0;
+        for (auto& s : stop_)
+          for (size_t k = std::min(s.size() - 1, text_.size()); k > hold; --k)
+            if (text_.compare(text_.size() - k, k, s, 0, k) == 0) {
+              hold = k;
+              break;
+            }
+        end = text_.size() - hold;
+      }
+    }
+    if (end <= emitted_) return std::string();
+    std::string piece = text_.substr(emitted_, end - emitted_);
+    emitted_ = end;
+    return piece;
+  }
+
+  const Tokenizer& tok_;
+  StreamDecoder dec_;
+  std::vector<std::string> stop_;
+  std::string text_;
+  size_t emitted_ = 0;
+  bool stopped_ = false;
+};
+
+// Text in, text out, as the seed's worker does: encode (BOS prepended), generate, batch_decode. With
+// return_full_text (the default) each answer starts with its prompt and, without a stop string, equals
+// transformers' batch_decode(sequences, skip_special_tokens=True). Streams through opts.on_text.
+inline GenerateResult generate(const Model& model, const Tokenizer& tok, const std::vector<std::string>& prompts,
+                               const GenerateOptions& opts, Workspace& ws) {
+  std::vector<std::vector<int32_t>> ids;
+  ids.reserve(prompts.size());
+  for (auto& p : prompts) {
+    ids.push_back(tok.encode(p, true));
+    if (opts.max_prompt_tokens > 0 && ids.back().size() > opts.max_prompt_tokens) ids.back().resize(opts.max_prompt_tokens);
+  }
+  DecodeOptions dopts;
+  dopts.skip_special_tokens = opts.skip_special_tokens;
+  dopts.clean_up_tokenization_spaces = opts.clean_up_tokenization_spaces;
+  std::vector<std::unique_ptr<TextStream>> streams;
+  for (size_t b = 0; b < prompts.size(); ++b) streams.push_back(std::make_unique<TextStream>(tok, opts.stop, dopts));
+  GenerateOptions o = opts;
+  o.on_token = [&](size_t row, int32_t id) {
+    TextStream& ts = *streams[row];
+    std::string piece = ts.push(id);
+    bool go = !ts.stopped();
+    if (opts.on_token && !opts.on_token(row, id)) go = false;
+    if (opts.on_text && !opts.on_text(row, id, piece)) go = false;
+    return go;
+  };
+  GenerateResult r = generate_ids(model, ids, o, ws);
+  r.texts.resize(prompts.size());
+  r.completions.resize(prompts.size());
+  // ids the tokenizer lacks decode to nothing, as in TextStream
+  auto known = [&](std::vector<int32_t> v) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](int32_t id) { return id < 0 || size_t(id) >= tok.vocab_size(); }),
+            v.end());
+    return v;
+  };
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    TextStream& ts = *streams[b];
+    std::string rest = ts.finish();
+    if (opts.on_text) opts.on_text(b, -1, rest);
+    if (ts.stopped() && r.finish_reasons[b] != FinishReason::eos) r.finish_reasons[b] = FinishReason::stopped;
+    r.completions[b] = ts.text();
+    if (!opts.return_full_text) r.texts[b] = r.completions[b];
+    else if (!ts.stopped()) r.texts[b] = tok.decode(known(r.sequences[b]), dopts);  // exactly batch_decode
+    else {
+      DecodeOptions raw = dopts;
+      raw.clean_up_tokenization_spaces = false;
+      std::string full = tok.decode(known(ids[b]), raw) + ts.text();
+      r.texts[b] = dopts.clean_up_tokenization_spaces ? detail::clean_up_tokenization(std::move(full)) : full;
+    }
+  }
+  return r;
+}
+
+inline GenerateResult generate(const Model& model, const Tokenizer& tok, const std::vector<std::string>& prompts,
+                               const GenerateOptions& opts = {}) {
+  Workspace ws(opts.threads);
+  return generate(model, tok, prompts, opts, ws);
+}
+
+// One prompt, one answer (starting with the prompt unless return_full_text is false).
+inline std::string generate(const Model& model, const Tokenizer& tok, const std::string& prompt,
+                            const GenerateOptions& opts = {}) {
+  return generate(model, tok, std::vector<std::string>{prompt}, opts).texts[0];
 }
 
 OPT_NAMESPACE_END
