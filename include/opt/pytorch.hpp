@@ -150,6 +150,7 @@ class PytorchFile {
         if (uint64_t(pt.offset) > st.numel)
           throw bad("starts past the end of its storage '" + st.key + "' (" + std::to_string(st.numel) + " elements)");
       }
+      if (numel > SIZE_MAX / esize) throw bad("has more bytes than memory can address");
       t.nbytes = size_t(numel * esize);
       const std::byte* src = base_of[pt.storage];
       if (numel == 0) {

@@ -33,9 +33,10 @@
 #ifndef OPT_PICKLE_MAX_BYTES
 #define OPT_PICKLE_MAX_BYTES (64u * 1024u * 1024u)
 #endif
-// Most values (strings, ints, tuples, ...) one pickle may create; about 25 per tensor in a torch state dict.
+// Most values (strings, ints, tuples, ...) one pickle may create: about 25 per tensor in a torch state dict, so
+// room for 40000 tensors; each costs under 100 bytes.
 #ifndef OPT_PICKLE_MAX_VALUES
-#define OPT_PICKLE_MAX_VALUES (4u * 1024u * 1024u)
+#define OPT_PICKLE_MAX_VALUES (1024u * 1024u)
 #endif
 // Deepest nesting of MARKs and of containers (a state dict needs 4).
 #ifndef OPT_PICKLE_MAX_DEPTH
