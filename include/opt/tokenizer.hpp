@@ -47,10 +47,10 @@ enum class PaddingSide { left, right };
 struct EncodeOptions {
   bool add_bos = true;  // HF add_special_tokens: prepend BOS (or a tokenizer.json template's tokens)
   PaddingSide padding_side = PaddingSide::right;  // HF default for facebook/opt-*
-  bool padding = true;      // pad every row to the longest row with pad_token_id(), mask 0
   size_t max_length = 0;    // 0: no limit
   bool truncation = true;   // with max_length > 0: true keeps the first max_length ids (HF truncation_side
                             // "right"); false throws opt::input_error for a longer row
+  bool padding = true;      // pad every row to the longest row with pad_token_id(), mask 0
 };
 
 struct BatchEncoding {
@@ -66,10 +66,13 @@ struct DecodeOptions {
 namespace detail {
 
 inline std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
+  std::ifstream f(p, std::ios::binary | std::ios::ate);
   if (!f) throw io_error("cannot open " + p.string());
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) throw io_error("cannot read " + p.string());
+  const std::streamoff size = f.tellg();
+  if (size < 0) throw io_error("cannot read " + p.string());
+  std::string s(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  if (!f.read(s.data(), size)) throw io_error("cannot read " + p.string());
   return s;
 }
 
@@ -164,6 +167,7 @@ class tokenizer_builder {
     simdjson::padded_string padded(blob);
     simdjson::ondemand::parser parser;
     simdjson::ondemand::document doc;
+    d_->by_token.reserve(blob.size() / 16);  // about one entry per 16 bytes of vocab.json
     try {
       doc = parser.iterate(padded);
       simdjson::ondemand::object obj = doc.get_object();
@@ -253,6 +257,7 @@ class tokenizer_builder {
             std::string_view mkey = mf.unescaped_key();
             auto mv = mf.value();
             if (mkey == "vocab") {
+              d_->by_token.reserve(blob.size() / 32);  // the vocabulary is about half of tokenizer.json
               simdjson::ondemand::object vocab = mv.get_object();
               parse_vocab_object(vocab, source + " model.vocab", padded, doc);
               have_vocab = true;

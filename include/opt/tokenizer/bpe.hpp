@@ -190,21 +190,21 @@ inline void bpe_merge(const merge_table& merges, std::vector<int32_t>& syms) {
 class bpe_cache {
  public:
   static constexpr size_t kShards = 16;
-  static constexpr size_t kSlotsPerShard = 1u << 14;     // at most half used: 8192 words per shard
+  static constexpr size_t kSlotsPerShard = 1u << 13;     // at most half used: 4096 words per shard
   static constexpr size_t kMaxWordBytes = 64;            // longer pre-tokens are not cached
 
   bpe_cache() : shards_(kShards) {}
 
   // Appends the cached ids of `word` to out and returns true, or returns false.
   bool lookup(std::string_view word, uint64_t h, std::vector<int32_t>& out) const {
-    shard& s = shards_[h % kShards];
+    shard& s = shards_[h >> 60];
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.slots.empty()) return false;
-    size_t i = (h >> 8) & (kSlotsPerShard - 1);
+    size_t i = (h >> 32) & (kSlotsPerShard - 1);
     while (true) {
       const entry& e = s.slots[i];
       if (e.key_len == 0) return false;
-      if (e.hash == h && e.key_len == word.size() &&
+      if (e.hash == static_cast<uint32_t>(h) && e.key_len == word.size() &&
           std::memcmp(s.keys.data() + e.key_off, word.data(), word.size()) == 0) {
         out.insert(out.end(), s.ids.begin() + e.ids_off, s.ids.begin() + e.ids_off + e.ids_len);
         return true;
@@ -215,7 +215,7 @@ class bpe_cache {
 
   void insert(std::string_view word, uint64_t h, const int32_t* ids, size_t n) const {
     if (word.empty() || word.size() > kMaxWordBytes) return;
-    shard& s = shards_[h % kShards];
+    shard& s = shards_[h >> 60];
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.slots.empty() || 2 * (s.used + 1) > kSlotsPerShard) {
       s.slots.assign(kSlotsPerShard, entry{});
@@ -223,19 +223,19 @@ class bpe_cache {
       s.ids.clear();
       s.used = 0;
     }
-    size_t i = (h >> 8) & (kSlotsPerShard - 1);
+    size_t i = (h >> 32) & (kSlotsPerShard - 1);
     while (s.slots[i].key_len != 0) {
       const entry& e = s.slots[i];
-      if (e.hash == h && e.key_len == word.size() && std::memcmp(s.keys.data() + e.key_off, word.data(), word.size()) == 0)
+      if (e.hash == static_cast<uint32_t>(h) && e.key_len == word.size() && std::memcmp(s.keys.data() + e.key_off, word.data(), word.size()) == 0)
         return;  // another thread was first
       i = (i + 1) & (kSlotsPerShard - 1);
     }
     entry& e = s.slots[i];
-    e.hash = h;
+    e.hash = static_cast<uint32_t>(h);
     e.key_off = static_cast<uint32_t>(s.keys.size());
-    e.key_len = static_cast<uint32_t>(word.size());
+    e.key_len = static_cast<uint16_t>(word.size());
     e.ids_off = static_cast<uint32_t>(s.ids.size());
-    e.ids_len = static_cast<uint32_t>(n);
+    e.ids_len = static_cast<uint16_t>(n);
     s.keys.append(word.data(), word.size());
     s.ids.insert(s.ids.end(), ids, ids + n);
     ++s.used;
@@ -252,9 +252,10 @@ class bpe_cache {
   }
 
  private:
-  struct entry {
-    uint64_t hash = 0;
-    uint32_t key_off = 0, key_len = 0, ids_off = 0, ids_len = 0;
+  struct entry {  // 16 bytes: the slot array of a shard stays small enough for the L2 cache
+    uint32_t hash = 0;  // low bits of the hash (shard and slot come from the high bits)
+    uint32_t key_off = 0, ids_off = 0;
+    uint16_t key_len = 0, ids_len = 0;
   };
   struct shard {
     std::mutex mutex;
