@@ -7,15 +7,22 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <deque>
 #include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 #include "opt/config.hpp"
 #include "opt/error.hpp"
 #include "opt/ops.hpp"
+#include "opt/quantize.hpp"
 #include "opt/safetensors.hpp"
 #include "opt/thread_pool.hpp"
 
@@ -143,6 +150,8 @@ class Workspace {
     grow(x, n * std::max(H, E));
     grow(h, n * width);
     grow(q, n * H);
+    grow(k, n * H);
+    grow(v, n * H);
     grow(a, n * H);
     grow(e, n * E);
     grow(logits, n_logits * c.vocab_size);
@@ -150,7 +159,7 @@ class Workspace {
     grow(scores, int64_t(threads()) * std::max<int64_t>(max_len, 1));
   }
 
-  std::vector<float> x, h, q, a, e, logits, last, scores;
+  std::vector<float> x, h, q, k, v, a, e, logits, last, scores;
 
  private:
   static void grow(std::vector<float>& v, int64_t n) {
@@ -256,6 +265,8 @@ class Model {
     float* q = ws.q.data();  // [N, H]
     float* a = ws.a.data();  // [N, H] attention output
     float* e = ws.e.data();  // [N, E] token embeddings before project_in
+    float* kb = ws.k.data();  // [N, H] new keys
+    float* vb = ws.v.data();  // [N, H] new values
     auto capture = [&](const float* src, int64_t dim) {
       if (opts.hidden_states) opts.hidden_states->emplace_back(src, src + N * dim);
     };
@@ -284,19 +295,22 @@ class Model {
       // ---- self-attention block ----
       const float* attn_in = x;
       if (c.do_layer_norm_before) {
-        layer_norm(x, N, L.self_attn_layer_norm, h);
+        layer_norm(pool, x, N, L.self_attn_layer_norm, h);
         attn_in = h;
       }
-      ops::linear(pool, attn_in, N, L.q_proj.weight, L.q_proj.bias, q);  // [N,H] x [H,H]ᵀ -> [N,H]
-      for (int64_t i = 0; i < N * H; ++i) q[i] *= scaling;                 // q_proj(h) * head_dim^-0.5
       {
-        // k_proj / v_proj straight into each sequence's cache rows
+        // q/k/v in one dispatch: q = q_proj(h) * head_dim^-0.5 -> q; k, v -> kb, vb, then into the caches
+        ops::Epilogue qs;
+        qs.has_scale = true;
+        qs.scale = scaling;
+        const ops::LinearSeg qkv[3] = {{L.q_proj.weight, L.q_proj.bias, q, H, qs},
+                                       {L.k_proj.weight, L.k_proj.bias, kb, H, {}},
+                                       {L.v_proj.weight, L.v_proj.bias, vb, H, {}}};
+        ops::linear_multi(pool, attn_in, N, qkv, 3);  // [N,H] x [3H,H]ᵀ -> [N,3H]
         int64_t r = 0;
         for (const SequenceChunk& ch : chunks) {
-          float* kc = ch.cache->k(l) + ch.cache->size() * H;
-          float* vc = ch.cache->v(l) + ch.cache->size() * H;
-          ops::linear(pool, attn_in + r * H, ch.n, L.k_proj.weight, L.k_proj.bias, kc);  // -> [n,H]
-          ops::linear(pool, attn_in + r * H, ch.n, L.v_proj.weight, L.v_proj.bias, vc);  // -> [n,H]
+          std::copy(kb + r * H, kb + (r + ch.n) * H, ch.cache->k(l) + ch.cache->size() * H);
+          std::copy(vb + r * H, vb + (r + ch.n) * H, ch.cache->v(l) + ch.cache->size() * H);
           r += ch.n;
         }
       }
@@ -304,37 +318,32 @@ class Model {
         int64_t r = 0;
         for (const SequenceChunk& ch : chunks) {
           const int64_t past = ch.cache->size(), n = ch.n;
-          const float* kc = ch.cache->k(l);
-          const float* vc = ch.cache->v(l);
-          const float* qs = q + r * H;
-          float* as = a + r * H;
-          const int64_t len_max = past + n;
-          float* scores = ws.scores.data();
-          // split over (token, head) pairs: each pair is computed whole by one thread
-          pool.parallel_for_t(size_t(n * nh), 1, [&](size_t t, size_t b, size_t e2) {
-            float* sc = scores + t * size_t(len_max);
-            for (size_t p = b; p < e2; ++p) {
-              const int64_t i = int64_t(p) / nh, hh = int64_t(p) % nh;
-              ops::attention_rows(qs, past, kc, vc, H, nh, hd, as, H, sc, i, i + 1, hh, hh + 1);
-            }
-          });
+          // softmax(q·kᵀ)·v per (token, head); small problems (decode) run on the calling thread
+          if (n * (past + n) * H >= (int64_t(1) << 16))
+            ops::attention(pool, q + r * H, past, n, ch.cache->k(l), ch.cache->v(l), H, nh, hd, a + r * H,
+                           ws.scores.data());
+          else
+            ops::attention_rows(q + r * H, past, ch.cache->k(l), ch.cache->v(l), H, nh, hd, a + r * H, H,
+                                ws.scores.data(), 0, n, 0, nh);
           r += n;
         }
       }
-      ops::linear(pool, a, N, L.out_proj.weight, L.out_proj.bias, h);  // [N,H] x [H,H]ᵀ -> [N,H]
-      for (int64_t i = 0; i < N * H; ++i) x[i] += h[i];                  // residual
-      if (!c.do_layer_norm_before) layer_norm(x, N, L.self_attn_layer_norm, x);
+      ops::Epilogue res;
+      res.residual = true;
+      ops::linear(pool, a, N, L.out_proj.weight, L.out_proj.bias, x, res);  // x += [N,H] x [H,H]ᵀ
+      if (!c.do_layer_norm_before) layer_norm(pool, x, N, L.self_attn_layer_norm, x);
       // ---- feed-forward block ----
       const float* ffn_in = x;
       if (c.do_layer_norm_before) {
-        layer_norm(x, N, L.final_layer_norm, a);
+        layer_norm(pool, x, N, L.final_layer_norm, a);
         ffn_in = a;
       }
-      ops::linear(pool, ffn_in, N, L.fc1.weight, L.fc1.bias, h);  // [N,H] x [F,H]ᵀ -> [N,F]
-      ops::activate(act_, h, N * c.ffn_dim);
-      ops::linear(pool, h, N, L.fc2.weight, L.fc2.bias, q);  // [N,F] x [H,F]ᵀ -> [N,H]
-      for (int64_t i = 0; i < N * H; ++i) x[i] += q[i];       // residual
-      if (!c.do_layer_norm_before) layer_norm(x, N, L.final_layer_norm, x);
+      ops::Epilogue act;
+      act.has_act = true;
+      act.act = act_;
+      ops::linear(pool, ffn_in, N, L.fc1.weight, L.fc1.bias, h, act);  // act([N,H] x [F,H]ᵀ) -> [N,F]
+      ops::linear(pool, h, N, L.fc2.weight, L.fc2.bias, x, res);       // x += [N,F] x [H,F]ᵀ
+      if (!c.do_layer_norm_before) layer_norm(pool, x, N, L.final_layer_norm, x);
       if (l + 1 < c.num_hidden_layers) capture(x, H);
     }
     for (const SequenceChunk& ch : chunks) ch.cache->advance(ch.n);
@@ -354,7 +363,7 @@ class Model {
     };
     if (opts.hidden_states) {
       // HF's last hidden state covers every token: compute it for all rows, then select
-      if (c.has_final_layer_norm()) layer_norm(x, N, w_.final_layer_norm, x);
+      if (c.has_final_layer_norm()) layer_norm(pool, x, N, w_.final_layer_norm, x);
       const float* fin = x;
       if (c.has_projections()) {
         ops::linear(pool, x, N, w_.project_out, nullptr, e);  // [N,H] x [E,H]ᵀ -> [N,E]
@@ -364,19 +373,28 @@ class Model {
       select_rows(fin, E, last);
     } else {
       select_rows(x, H, last);
-      if (c.has_final_layer_norm()) layer_norm(last, n_logits, w_.final_layer_norm, last);
+      if (c.has_final_layer_norm()) layer_norm(pool, last, n_logits, w_.final_layer_norm, last);
       if (c.has_projections()) {
         ops::linear(pool, last, n_logits, w_.project_out, nullptr, e);  // [n,H] x [E,H]ᵀ -> [n,E]
         std::copy(e, e + n_logits * E, last);
       }
     }
-    ops::linear(pool, last, n_logits, w_.embed_tokens, nullptr, ws.logits.data());  // [n,E] x [V,E]ᵀ -> [n,V]
+    ops::linear(pool, last, n_logits, w_.lm_head(), nullptr, ws.logits.data());  // [n,E] x [V,E]ᵀ -> [n,V]
     return LogitsView{ws.logits.data(), n_logits, V};
   }
 
  private:
-  void layer_norm(const float* in, int64_t n, const LayerNormWeights& ln, float* out) const {
-    ops::layer_norm(in, n, config_.hidden_size, ln.weight, ln.bias, float(config_.layer_norm_eps), out);
+  // Rows are independent: split over threads only when there are enough of them (prefill).
+  void layer_norm(ThreadPool& pool, const float* in, int64_t n, const LayerNormWeights& ln, float* out) const {
+    const int64_t d = config_.hidden_size;
+    const float eps = float(config_.layer_norm_eps);
+    if (n < 16) {
+      ops::layer_norm(in, n, d, ln.weight, ln.bias, eps, out);
+      return;
+    }
+    pool.parallel_for(size_t(n), 8, [&](size_t b, size_t e) {
+      ops::layer_norm(in + int64_t(b) * d, int64_t(e - b), d, ln.weight, ln.bias, eps, out + int64_t(b) * d);
+    });
   }
 
   void bind(const LoadOptions& opts) {
@@ -452,9 +470,42 @@ class Model {
       throw tensor_error(where + ": unexpected tensor" + (unexpected_.size() > 1 ? "s " : " ") + list +
                          " (not part of an OPT model with this config.json; LoadOptions::strict=false ignores them)");
     }
+    if (opts.quantize == quantization::int8) quantize_int8_weights(opts);
+  }
+
+  // Replaces every linear weight (and the LM head with lm_head_int8) by an owned int8 copy, then tells the kernel
+  // it may drop the mapped source pages, so RSS holds the int8 weights, not both.
+  void quantize_int8_weights(const LoadOptions& opts) {
+    ThreadPool pool;
+    auto q = [&](MatrixRef& m) {
+      if (!m.data) return;
+      quantized_->push_back(quantize_int8(m, &pool));
+      release_pages(m);
+      m = quantized_->back().ref();
+    };
+    for (DecoderLayerWeights& L : w_.layers)
+      for (LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2}) q(l->weight);
+    q(w_.project_in);
+    q(w_.project_out);
+    if (opts.lm_head_int8) {
+      quantized_->push_back(quantize_int8(w_.embed_tokens, &pool));
+      w_.lm_head_q8 = quantized_->back().ref();
+    }
+  }
+  static void release_pages(const MatrixRef& m) {
+#if defined(__unix__) || defined(__APPLE__)
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(m.data) + page - 1) / page * page;
+    const uintptr_t e = (reinterpret_cast<uintptr_t>(m.data) + m.bytes()) / page * page;
+    if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);  // only a hint; pages re-read if touched
+#else
+    (void)m;
+#endif
   }
 
   Config config_;
+  // int8 weights (stable addresses, shared by copies of the Model like the checkpoint mapping)
+  std::shared_ptr<std::deque<QuantizedMatrix>> quantized_ = std::make_shared<std::deque<QuantizedMatrix>>();
   activation act_ = activation::relu;
   std::shared_ptr<Checkpoint> checkpoint_;  // keeps the mappings alive
   ModelWeights w_;
