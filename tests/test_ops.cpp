@@ -1,0 +1,148 @@
+// Each kernel of ops.hpp against its plain reference in opt::ref (ops_ref.hpp), on odd sizes, with tolerances
+// derived from the problem: a length-K f32 dot product is within c * K * eps * max|x| * max|w| of the exact sum.
+// Also the invariances the kernels promise: a value does not depend on the thread count, on the batch it is in
+// (GEMM tiles vs one row alone) or on which fused segment it belongs to.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <opt/ops.hpp>
+#include <opt/ops_ref.hpp>
+#include <opt/quantize.hpp>
+#include <random>
+#include <vector>
+
+namespace {
+
+std::vector<float> randu(size_t n, uint32_t seed, float a = 1.0f) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-a, a);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+float maxabs(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+constexpr double kEps = 1.1920929e-7;
+
+// Weights of a given storage type plus the f32 values they hold.
+struct W {
+  opt::MatrixRef m;
+  std::vector<float> f32;
+  std::vector<uint16_t> h;
+  opt::QuantizedMatrix q;
+};
+W make(opt::dtype t, int64_t rows, int64_t cols, uint32_t seed) {
+  W w;
+  w.f32 = randu(size_t(rows * cols), seed);
+  if (t == opt::dtype::F32) {
+    w.m = {t, w.f32.data(), rows, cols};
+  } else if (t == opt::dtype::I8) {
+    w.q = opt::quantize_int8({opt::dtype::F32, w.f32.data(), rows, cols});
+    w.m = w.q.ref();
+    for (int64_t r = 0; r < rows; ++r) opt::ops::row_to_f32(w.m, r, w.f32.data() + r * cols);
+  } else {
+    w.h.resize(w.f32.size());
+    for (size_t i = 0; i < w.h.size(); ++i) {
+      w.h[i] = t == opt::dtype::F16 ? opt::detail::f32_to_f16(w.f32[i]) : opt::detail::f32_to_bf16(w.f32[i]);
+      w.f32[i] = t == opt::dtype::F16 ? opt::detail::f16_to_f32(w.h[i]) : opt::detail::bf16_to_f32(w.h[i]);
+    }
+    w.m = {t, w.h.data(), rows, cols};
+  }
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, tiles and tails") {
+  opt::ThreadPool pool2(2), pool3(3);
+  for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8})
+    for (int64_t K : {1, 15, 16, 17, 63, 64, 65, 130, 257})
+      for (int64_t R : {1, 3, 4, 7, 18})
+        for (int64_t n : {1, 2, 4, 5, 8, 9, 13}) {
+          INFO(opt::to_string(t) << " n=" << n << " R=" << R << " K=" << K);
+          W w = make(t, R, K, uint32_t(K * 1000 + R));
+          std::vector<float> x = randu(size_t(n * K), uint32_t(n + 7)), b = randu(size_t(R), 3);
+          std::vector<float> got(size_t(n * R)), want(size_t(n * R)), one(static_cast<size_t>(R)), g3(static_cast<size_t>(n * R));
+          opt::ops::linear(pool2, x.data(), n, w.m, b.data(), got.data());
+          opt::ref::linear(x.data(), n, opt::dtype::F32, w.f32.data(), R, K, b.data(), want.data());
+          const double tol = 2.0 * double(K + 16) * kEps * maxabs(x) * maxabs(w.f32) + 2 * kEps * maxabs(b);
+          double worst = 0;
+          for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
+          CHECK(worst <= tol);
+          // batch invariance: each row alone gives the same bits as in the batch (tile path vs GEMV path)
+          bool same = true;
+          for (int64_t i = 0; i < n; ++i) {
+            opt::ops::linear(pool2, x.data() + i * K, 1, w.m, b.data(), one.data());
+            same = same && std::equal(one.begin(), one.end(), got.begin() + i * R);
+          }
+          CHECK(same);
+          // thread-count invariance
+          opt::ops::linear(pool3, x.data(), n, w.m, b.data(), g3.data());
+          CHECK(g3 == got);
+        }
+}
+
+TEST_CASE("fused segments and epilogues equal the separate ops") {
+  opt::ThreadPool pool(2);
+  const int64_t n = 9, K = 70, R1 = 20, R2 = 12;
+  W a = make(opt::dtype::F32, R1, K, 1), c = make(opt::dtype::BF16, R2, K, 2);
+  std::vector<float> x = randu(size_t(n * K), 5), b1 = randu(size_t(R1), 6), b2 = randu(size_t(R2), 7);
+  std::vector<float> y1(size_t(n * R1)), y2 = randu(size_t(n * R2), 8), r1(size_t(n * R1)), r2(size_t(n * R2));
+  std::vector<float> y2_old = y2;
+  opt::ops::Epilogue e1;
+  e1.has_scale = true, e1.scale = 0.125f, e1.has_act = true, e1.act = opt::activation::gelu;
+  opt::ops::Epilogue e2;
+  e2.residual = true;
+  const opt::ops::LinearSeg segs[2] = {{a.m, b1.data(), y1.data(), R1, e1}, {c.m, b2.data(), y2.data(), R2, e2}};
+  opt::ops::linear_multi(pool, x.data(), n, segs, 2);
+  opt::ops::linear(pool, x.data(), n, a.m, b1.data(), r1.data());
+  for (auto& v : r1) v = opt::ops::activate(opt::activation::gelu, v * 0.125f);
+  opt::ops::linear(pool, x.data(), n, c.m, b2.data(), r2.data());
+  for (size_t i = 0; i < r2.size(); ++i) r2[i] = y2_old[i] + r2[i];
+  CHECK(y1 == r1);
+  CHECK(y2 == r2);
+}
+
+TEST_CASE("layer_norm and activations match opt::ref") {
+  for (int64_t d : {1, 7, 64, 100, 768}) {
+    const int64_t n = 5;
+    std::vector<float> x = randu(size_t(n * d), uint32_t(d), 3.0f), g = randu(size_t(d), 2), b = randu(size_t(d), 3);
+    std::vector<float> y(x.size()), want(x.size());
+    opt::ops::layer_norm(x.data(), n, d, g.data(), b.data(), 1e-5f, y.data());
+    opt::ref::layer_norm(x.data(), n, d, g.data(), b.data(), 1e-5f, want.data());
+    // |(x - m) * rstd| <= sqrt(d): a few ulps of values up to sqrt(d) * max|g| + max|b|
+    const double tol = 8 * kEps * (std::sqrt(double(d)) * maxabs(g) + maxabs(b));
+    for (size_t i = 0; i < y.size(); ++i) CHECK(std::fabs(y[i] - want[i]) <= tol);
+  }
+  for (auto a : {opt::activation::relu, opt::activation::gelu, opt::activation::gelu_new, opt::activation::silu,
+                 opt::activation::quick_gelu, opt::activation::tanh, opt::activation::sigmoid})
+    for (float v : {-5.0f, -1.0f, -0.1f, 0.0f, 0.3f, 2.0f, 7.0f})
+      CHECK(std::fabs(opt::ops::activate(a, v) - opt::ref::activate(a, v)) <= 4 * kEps * (1 + std::fabs(v)));
+}
+
+TEST_CASE("attention matches opt::ref::attention; prompt pass equals step by step") {
+  opt::ThreadPool pool(2);
+  for (int64_t hd : {16, 24, 64}) {
+    const int64_t nh = 3, H = nh * hd, past = 37, n = 6;
+    std::vector<float> q = randu(size_t(n * H), 1, 0.5f), k = randu(size_t((past + n) * H), 2, 2.0f),
+                       v = randu(size_t((past + n) * H), 3), out(size_t(n * H)), want(size_t(n * H));
+    std::vector<float> scores(size_t(2 * (past + n)));
+    opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
+    opt::ref::attention(q.data(), past, n, k.data(), v.data(), H, nh, hd, want.data());
+    // outputs are convex combinations of |v| <= 1; exp is within a few ulps, scores within K * eps * |q||k|
+    const double tol = 1e-6 * (1 + double(hd) * 0.5 * 2.0);
+    for (size_t i = 0; i < out.size(); ++i) CHECK(std::fabs(out[i] - want[i]) <= tol);
+    // token i computed in the prompt pass == token i computed alone with past + i cached positions
+    std::vector<float> alone(static_cast<size_t>(H));
+    bool same = true;
+    for (int64_t i = 0; i < n; ++i) {
+      opt::ops::attention(pool, q.data() + i * H, past + i, 1, k.data(), v.data(), H, nh, hd, alone.data(),
+                          scores.data());
+      same = same && std::equal(alone.begin(), alone.end(), out.begin() + i * H);
+    }
+    CHECK(same);
+  }
+}
