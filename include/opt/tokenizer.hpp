@@ -853,10 +853,12 @@ class StreamDecoder {
   std::string take(bool all) {
     size_t cut = text_.size();
     if (opts_.clean_up_tokenization_spaces && !all) {
-      while (cut >= 3 && !(text_[cut - 1] != ' ' && text_[cut - 2] != ' ' && text_[cut - 3] != ' ' &&
-                           (cut == text_.size() || (static_cast<unsigned char>(text_[cut]) & 0xC0) != 0x80)))
+      // The cleanup rules start at a space and span at most 4 bytes, so a cut is safe when none of the 3 bytes
+      // before it is a space. Bytes before text_ were emitted under the same rule and are never spaces.
+      auto space_at = [&](size_t i, size_t back) { return i >= back && text_[i - back] == ' '; };
+      while (cut > 0 && (space_at(cut, 1) || space_at(cut, 2) || space_at(cut, 3) ||
+                         (cut < text_.size() && (static_cast<unsigned char>(text_[cut]) & 0xC0) == 0x80)))
         --cut;
-      if (cut < 3) cut = 0;
     }
     std::string piece = text_.substr(0, cut);
     text_.erase(0, cut);
