@@ -1,0 +1,89 @@
+// Continuous batching: 40 simultaneous clients with different prompts, lengths, budgets, endpoints, streaming or
+// not, greedy or seeded sampling. Each answer must equal what the same request gets alone.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { startServer, postJson, getJson, streamCompletion, manyPrompts, goldens, sleep } from "./lib.mjs";
+
+let srv;
+const G = goldens();
+
+before(async () => { srv = await startServer(["--max-batch", "16", "--max-queue", "64", "--step-delay-ms", "2"]); });
+after(async () => { assert.equal((await srv.stop()).code, 0, srv.stderr()); });
+
+// Request i of the mix: its kind and body.
+function job(i, prompt) {
+  const max_tokens = 4 + ((i * 7) % 27);
+  const kind = ["complete", "stream", "generate", "sample", "sample-stream"][i % 5];
+  const body = { prompt, max_tokens, temperature: 0 };
+  if (kind.startsWith("sample")) Object.assign(body, { temperature: 0.8, top_p: 0.9, seed: 1000 + i });
+  if (i % 7 === 3) body.stop = ["e", "Z"];  // stop strings end some sequences early
+  return { kind, body };
+}
+
+async function run({ kind, body }) {
+  if (kind === "generate") {
+    const r = await postJson(`${srv.url}/generate`, { prompts: [body.prompt], max_new_tokens: body.max_tokens });
+    assert.equal(r.status, 200, r.text);
+    return { text: r.json.texts[0] };
+  }
+  if (kind.endsWith("stream")) {
+    const s = await streamCompletion(srv.url, body);
+    assert.ok(s.done);
+    return { text: s.text, finish: s.finish_reason };
+  }
+  const r = await postJson(`${srv.url}/v1/completions`, body);
+  assert.equal(r.status, 200, r.text);
+  return { text: r.json.choices[0].text, finish: r.json.choices[0].finish_reason };
+}
+
+test("40 simultaneous clients: every answer equals its request run alone", async () => {
+  const prompts = [...manyPrompts(37), "Hello, my dog is cute", "The capital of France is", "Once upon a time"];
+  const jobs = prompts.map((p, i) => job(i, p));
+  // alone: one request at a time
+  const alone = [];
+  for (const j of jobs) alone.push(await run(j));
+  const h0 = (await getJson(`${srv.url}/health`)).json;
+  // together
+  const together = await Promise.all(jobs.map((j) => run(j)));
+  const h1 = (await getJson(`${srv.url}/health`)).json;
+  for (let i = 0; i < jobs.length; i++)
+    assert.deepEqual(together[i], alone[i], `request ${i} (${jobs[i].kind}, ${JSON.stringify(jobs[i].body)})`);
+  // the golden prompts also match Hugging Face (greedy, first 8 tokens)
+  for (let i = 37; i < 40; i++) {
+    const g = G.get(prompts[i]);
+    const t = together[i].text;
+    if (jobs[i].kind === "generate") assert.ok(t.startsWith(g.decoded), `${t} vs ${g.decoded}`);
+    else if (!jobs[i].kind.startsWith("sample") && !jobs[i].body.stop) assert.ok(t.startsWith(g.decoded_new));
+  }
+  // continuous batching really happened: far fewer steps than tokens
+  const steps = h1.steps - h0.steps, tokens = h1.generated_tokens - h0.generated_tokens;
+  assert.ok(tokens > 0);
+  assert.ok(steps * 3 < tokens, `${steps} steps for ${tokens} tokens: sequences did not share steps`);
+  assert.equal(h1.active, 0);
+  assert.equal(h1.queued, 0);
+  assert.equal(h1.kv_cache_bytes, 0, "every KV cache is freed");
+});
+
+test("a request joining a running batch changes neither answer", async () => {
+  const a = { prompt: "The old lighthouse keeper said", max_tokens: 40, temperature: 0 };
+  const b = { prompt: "Hello, my dog is cute", max_tokens: 8, temperature: 0 };
+  const aloneA = (await postJson(`${srv.url}/v1/completions`, a)).json.choices[0].text;
+  const aloneB = (await postJson(`${srv.url}/v1/completions`, b)).json.choices[0].text;
+  const pa = streamCompletion(srv.url, a);
+  await sleep(30);  // A is running when B arrives
+  const rb = await postJson(`${srv.url}/v1/completions`, b);
+  const ra = await pa;
+  assert.equal(ra.text, aloneA);
+  assert.equal(rb.json.choices[0].text, aloneB);
+  assert.equal(aloneB, G.get(b.prompt).decoded_new);
+});
+
+test("one /generate request with many prompts equals each prompt alone", async () => {
+  const prompts = manyPrompts(24);
+  const r = await postJson(`${srv.url}/generate`, { prompts, max_new_tokens: 12 });
+  assert.equal(r.status, 200, r.text);
+  for (let i = 0; i < prompts.length; i += 5) {
+    const one = await postJson(`${srv.url}/generate`, { prompts: [prompts[i]], max_new_tokens: 12 });
+    assert.equal(r.json.texts[i], one.json.texts[0]);
+  }
+});
