@@ -848,6 +848,7 @@ int main(int argc, char** argv) {
   http.Get("/", [](const httplib::Request&, httplib::Response& r) {
     r.set_content(opt_serve::page_html, "text/html; charset=utf-8");
   });
+  http.Get("/favicon.ico", [](const httplib::Request&, httplib::Response& r) { r.status = 204; });
 
   int port = o.port;
   if (port == 0) port = http.bind_to_any_port(o.host);

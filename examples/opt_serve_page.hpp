@@ -32,9 +32,9 @@ inline constexpr const char* page_html = R"OPTPAGE(<!doctype html>
 <form id="form">
   <textarea id="prompt" rows="4" placeholder="Type a prompt">Hello, my name is</textarea>
   <div class="row">
-    <label>max tokens <input id="max_tokens" type="number" min="1" value="48"></label>
-    <label>temperature <input id="temperature" type="number" min="0" max="2" step="0.1" value="0.7"></label>
-    <label>top p <input id="top_p" type="number" min="0.01" max="1" step="0.05" value="0.9"></label>
+    <label>max tokens <input id="max_tokens" type="number" min="1" step="1" value="48"></label>
+    <label>temperature <input id="temperature" type="number" min="0" max="2" step="any" value="0.7"></label>
+    <label>top p <input id="top_p" type="number" min="0.01" max="1" step="any" value="0.9"></label>
     <label>stop <input id="stop" type="text" size="8" placeholder="(none)"></label>
     <button id="go" type="submit">Generate</button>
     <button id="cancel" type="button" disabled>Stop</button>
