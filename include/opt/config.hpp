@@ -89,6 +89,8 @@ struct Config {
       if (it == j.end() || it->is_null()) return;
       if (!it->is_number_integer())
         throw config_error(source + ": " + key + " must be an integer, found " + it->dump());
+      if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+        throw config_error(source + ": " + key + " = " + it->dump() + " is out of range");
       out = it->get<int64_t>();
     };
     auto get_bool = [&](const char* key, bool& out) {
@@ -129,6 +131,9 @@ struct Config {
   static Config from_file(const std::filesystem::path& path) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) throw io_error(path.string() + ": is a directory, expected config.json");
+    // A FIFO or device would block or never end: only regular files (or symlinks to them) are read.
+    if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+      throw io_error(path.string() + ": not a regular file");
     std::ifstream in(path, std::ios::binary);
     if (!in) throw io_error(path.string() + ": cannot open");
     nlohmann::json j;

@@ -210,32 +210,6 @@ class PytorchFile {
   std::unordered_map<std::string, size_t> index_;
 };
 
-namespace detail {
-// The "weight_map" of a shard index (*.index.json): shard file -> tensor names. Shard names must be plain file
-// names inside the checkpoint directory.
-inline std::map<std::string, std::vector<std::string>> read_weight_map(const std::filesystem::path& index) {
-  std::ifstream in(index, std::ios::binary);
-  if (!in) throw io_error(index.string() + ": cannot open");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw format_error(index.string() + ": malformed JSON: " + e.what());
-  }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-    throw format_error(index.string() + ": expected an object with a \"weight_map\" object");
-  std::map<std::string, std::vector<std::string>> by_file;
-  for (auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string()) throw format_error(index.string() + ": weight_map[\"" + name + "\"] must be a file name");
-    std::string f = file.get<std::string>();
-    if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f == "." || f == "..")
-      throw format_error(index.string() + ": weight_map[\"" + name + "\"] = \"" + f + "\" is not a plain file name");
-    by_file[f].push_back(name);
-  }
-  return by_file;
-}
-}  // namespace detail
-
 // One archive, or the shards of pytorch_model.bin.index.json. Tensor names are unique across the shards.
 class PytorchCheckpoint {
  public:

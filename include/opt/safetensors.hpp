@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -129,8 +130,8 @@ class SafetensorsFile {
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | uint64_t(std::to_integer<uint8_t>(base[i]));
     if (n > uint64_t(OPT_MAX_HEADER_BYTES))
-      throw format_error(path + ": header length " + std::to_string(n) + " exceeds the limit of " +
-                         std::to_string(uint64_t(OPT_MAX_HEADER_BYTES)) + " bytes");
+      throw limit_error(path + ": header length " + std::to_string(n) + " exceeds the limit of " +
+                         std::to_string(uint64_t(OPT_MAX_HEADER_BYTES)) + " bytes (OPT_MAX_HEADER_BYTES)");
     if (n > size - 8)
       throw format_error(path + ": header length " + std::to_string(n) + " goes beyond the file (" +
                          std::to_string(size) + " bytes)");
@@ -160,7 +161,7 @@ class SafetensorsFile {
         }
         if (index_.count(key)) throw format_error(path + ": tensor '" + key + "' appears twice in the header");
         if (tensors_.size() >= OPT_MAX_TENSORS)
-          throw format_error(path + ": more than " + std::to_string(OPT_MAX_TENSORS) + " tensors");
+          throw limit_error(path + ": more than " + std::to_string(OPT_MAX_TENSORS) + " tensors (OPT_MAX_TENSORS)");
         if (!v.is_object()) throw format_error(path + ": tensor '" + key + "' must be described by an object");
         TensorView t;
         t.name = key;
@@ -237,13 +238,17 @@ class SafetensorsFile {
     } catch (const simdjson::simdjson_error& e) {
       throw format_error(path + ": malformed JSON header: " + e.what());
     }
+    // Empty tensors take no bytes and overlap nothing; each non-empty span must start at or after the furthest
+    // end seen so far (comparing neighbours only would miss A=[0,100) and C=[50,60) around an empty B=[10,10)).
     std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-    for (size_t i = 1; i < spans.size(); ++i) {
-      const Span& a = spans[i - 1];
-      const Span& b = spans[i];
-      if (b.begin < a.end && b.end > b.begin && a.end > a.begin)
-        throw format_error(path + ": tensors '" + tensors_[a.idx].name + "' and '" + tensors_[b.idx].name +
-                           "' overlap (bytes " + std::to_string(b.begin) + ".." + std::to_string(a.end) + ")");
+    const Span* furthest = nullptr;
+    for (const Span& b : spans) {
+      if (b.end == b.begin) continue;
+      if (furthest && b.begin < furthest->end)
+        throw format_error(path + ": tensors '" + tensors_[furthest->idx].name + "' and '" + tensors_[b.idx].name +
+                           "' overlap (bytes " + std::to_string(b.begin) + ".." +
+                           std::to_string(std::min(furthest->end, b.end)) + ")");
+      if (!furthest || b.end > furthest->end) furthest = &b;
     }
   }
 
@@ -254,6 +259,44 @@ class SafetensorsFile {
   std::unordered_map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
 };
+
+namespace detail {
+// The "weight_map" of a shard index (*.index.json) held in memory: shard file -> tensor names. Shard names must
+// be plain file names inside the checkpoint directory. `source` prefixes messages.
+inline std::map<std::string, std::vector<std::string>> parse_weight_map(std::string_view json,
+                                                                        const std::string& source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json.begin(), json.end());
+  } catch (const nlohmann::json::exception& e) {
+    throw format_error(source + ": malformed JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw format_error(source + ": expected an object with a \"weight_map\" object");
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw format_error(source + ": weight_map[\"" + name + "\"] must be a file name");
+    std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f == "." || f == "..")
+      throw format_error(source + ": weight_map[\"" + name + "\"] = \"" + f + "\" is not a plain file name");
+    by_file[f].push_back(name);
+  }
+  return by_file;
+}
+
+// The same, read from the file `index`.
+inline std::map<std::string, std::vector<std::string>> read_weight_map(const std::filesystem::path& index) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(index, ec)) throw io_error(index.string() + ": is a directory, expected a JSON file");
+  if (std::filesystem::exists(index, ec) && !std::filesystem::is_regular_file(index, ec))
+    throw io_error(index.string() + ": not a regular file");
+  std::ifstream in(index, std::ios::binary);
+  if (!in) throw io_error(index.string() + ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw io_error(index.string() + ": read failed");
+  return parse_weight_map(text, index.string());
+}
+}  // namespace detail
 
 // A checkpoint: one model.safetensors, or shards listed by model.safetensors.index.json. Tensor names are
 // unique across the shards.
@@ -277,24 +320,7 @@ class Checkpoint {
     }
     if (!fs::exists(index, ec))
       throw io_error(path.string() + ": found neither model.safetensors nor model.safetensors.index.json");
-    std::ifstream in(index, std::ios::binary);
-    if (!in) throw io_error(index.string() + ": cannot open");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw format_error(index.string() + ": malformed JSON: " + e.what());
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw format_error(index.string() + ": expected an object with a \"weight_map\" object");
-    std::map<std::string, std::vector<std::string>> by_file;
-    for (auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) throw format_error(index.string() + ": weight_map[\"" + name + "\"] must be a file name");
-      std::string f = file.get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f == "." || f == "..")
-        throw format_error(index.string() + ": weight_map[\"" + name + "\"] = \"" + f + "\" is not a plain file name");
-      by_file[f].push_back(name);
-    }
+    const auto by_file = detail::read_weight_map(index);
     for (auto& [file, names] : by_file) {
       c.add(SafetensorsFile::open(path / file));
       const SafetensorsFile& sf = c.files_.back();

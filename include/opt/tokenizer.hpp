@@ -66,6 +66,9 @@ struct DecodeOptions {
 namespace detail {
 
 inline std::string read_file(const std::filesystem::path& p) {
+  std::error_code ec;  // a directory, FIFO or device would fail late, block or never end: regular files only
+  if (std::filesystem::exists(p, ec) && !std::filesystem::is_regular_file(p, ec))
+    throw io_error(p.string() + ": not a regular file");
   std::ifstream f(p, std::ios::binary | std::ios::ate);
   if (!f) throw io_error("cannot open " + p.string());
   const std::streamoff size = f.tellg();
@@ -168,12 +171,15 @@ class tokenizer_builder {
     simdjson::ondemand::parser parser;
     simdjson::ondemand::document doc;
     d_->by_token.reserve(blob.size() / 16);  // about one entry per 16 bytes of vocab.json
+    bool iterating = false;  // a document that failed to start has no location (asking it reads a null pointer)
     try {
       doc = parser.iterate(padded);
+      iterating = true;
       simdjson::ondemand::object obj = doc.get_object();
       parse_vocab_object(obj, source, padded, doc);
     } catch (const simdjson::simdjson_error& e) {
-      throw format_error(source + where_line(padded, location(doc)) + ": invalid JSON: " + e.what());
+      throw format_error(source + (iterating ? where_line(padded, location(doc)) : std::string()) +
+                         ": invalid JSON: " + e.what());
     }
     if (d_->by_token.empty()) throw format_error(source + ": the vocabulary is empty");
   }
@@ -244,8 +250,10 @@ class tokenizer_builder {
     std::vector<std::string> merge_where;
     bool have_model = false, have_vocab = false;
     nlohmann::json added_tokens, pre_tokenizer, post_processor, normalizer, decoder;
+    bool iterating = false;  // as in parse_vocab_json
     try {
       doc = parser.iterate(padded);
+      iterating = true;
       simdjson::ondemand::object root = doc.get_object();
       for (auto field : root) {
         std::string_view key = field.unescaped_key();
@@ -326,7 +334,8 @@ class tokenizer_builder {
         }
       }
     } catch (const simdjson::simdjson_error& e) {
-      throw format_error(source + where_line(padded, location(doc)) + ": invalid JSON: " + e.what());
+      throw format_error(source + (iterating ? where_line(padded, location(doc)) : std::string()) +
+                         ": invalid JSON: " + e.what());
     } catch (const nlohmann::json::exception& e) {
       throw format_error(source + ": invalid JSON: " + e.what());
     }

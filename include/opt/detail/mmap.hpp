@@ -24,7 +24,8 @@ class MappedFile {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec))
       throw io_error(path_ + ": is a directory, expected a file");
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO with no writer would otherwise block forever (it is then refused below).
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw io_error(path_ + ": cannot open: " + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
