@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -69,7 +70,10 @@ std::filesystem::path checkpoint(const std::string& type) {
 
 opt::LoadOptions load_options(const std::string& type) {
   opt::LoadOptions o;
-  if (type == "int8") o.quantize = opt::quantization::int8;
+  if (type == "int8") {  // the whole model in int8, LM head included (as ggml's q8_0 figure)
+    o.quantize = opt::quantization::int8;
+    o.lm_head_int8 = true;
+  }
   return o;
 }
 
@@ -369,7 +373,52 @@ void BM_PeakRSS(benchmark::State& state, std::string type) {
   state.counters["x_budget"] = double(rss_kib) * 1024.0 / budget;
 }
 
+// int8 against f32 on the 125m-shape model: max |logit error| over the seed prompts' prompt passes, and greedy
+// agreement over 50 new tokens (tokens equal before the first divergence / all tokens).
+void BM_Int8Error(benchmark::State& state, bool lm_head_int8) {
+  const opt::Model& f = model("f32");
+  opt::LoadOptions lo;
+  lo.quantize = opt::quantization::int8;
+  lo.lm_head_int8 = lm_head_int8;
+  const opt::Model q = opt::Model::load(checkpoint("f32"), lo);
+  opt::Workspace ws(2);
+  double max_err = 0, max_logit = 0;
+  size_t agree = 0, total = 0;
+  for (auto _ : state) {
+    for (const auto& p : kSeedPrompts) {
+      opt::KvCache k1(f.config(), 64), k2(q.config(), 64);
+      opt::ForwardOptions fo;
+      fo.all_logits = true;
+      auto a = f.forward({{&k1, p.data(), int64_t(p.size())}}, ws, fo);
+      std::vector<float> av(a.data, a.data + a.rows * a.cols);
+      auto b = q.forward({{&k2, p.data(), int64_t(p.size())}}, ws, fo);
+      for (size_t i = 0; i < av.size(); ++i) {
+        max_err = std::max(max_err, double(std::fabs(av[i] - b.data[i])));
+        max_logit = std::max(max_logit, double(std::fabs(av[i])));
+      }
+    }
+    opt::GenerateOptions go;
+    go.max_new_tokens = kNew;
+    go.stop_at_eos = false;
+    auto g1 = opt::generate_ids(f, kSeedPrompts, go, ws), g2 = opt::generate_ids(q, kSeedPrompts, go, ws);
+    for (size_t b = 0; b < kSeedPrompts.size(); ++b) {
+      size_t i = 0;
+      while (i < g1.new_tokens[b].size() && g1.new_tokens[b][i] == g2.new_tokens[b][i]) ++i;
+      agree += i;
+      total += g1.new_tokens[b].size();
+    }
+    state.SetIterationTime(1e-3);
+  }
+  state.counters["max_logit_err"] = max_err;
+  state.counters["max_logit"] = max_logit;
+  state.counters["greedy_agree"] = double(agree) / double(total);
+}
+
 void register_all() {
+  benchmark::RegisterBenchmark("BM_Int8Error/lm_head_f32", BM_Int8Error, false)
+      ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_Int8Error/lm_head_int8", BM_Int8Error, true)
+      ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
   for (const char* t : {"f32", "bf16", "f16", "int8"}) {
     const std::string type = t;
     benchmark::RegisterBenchmark(("BM_Decode/" + type).c_str(), BM_Decode, type)

@@ -155,9 +155,13 @@ inline void tile4x4(const float* x, int64_t ldx, const void* const* w, const flo
     for (int64_t c = j; c < nfull; c += 4) {
       const int64_t k = c * 16;
       __m512 wv[4];
-      for (int n = 0; n < 4; ++n) wv[n] = load16<T>(w[n], s[n], k);
+      for (int n = 0; n < 4; ++n) {
+        wv[n] = load16<T>(w[n], s[n], k);
+        asm("" : "+v"(wv[n]));  // keep it in a register: GCC would fold it into each of the 4 FMAs (4x the loads)
+      }
       for (int m = 0; m < 4; ++m) {
-        const __m512 xv = _mm512_loadu_ps(x + m * ldx + k);
+        __m512 xv = _mm512_loadu_ps(x + m * ldx + k);
+        asm("" : "+v"(xv));
         for (int n = 0; n < 4; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
       }
     }
@@ -178,6 +182,29 @@ inline void tile4x4(const float* x, int64_t ldx, const void* const* w, const flo
     for (int n = 0; n < 4; ++n)
       out[m][n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(part[0][m][n], part[1][m][n]),
                                                      _mm512_add_ps(part[2][m][n], part[3][m][n])));
+}
+
+// MR (1..4) canonical dot products of one weight row against MR token rows, in one pass over the row: the row is
+// read (and widened) once, chunk c going to accumulator [c % 4][token]. Decode batches use it: one weight row at
+// a time is a single stream from memory.
+template <dtype T, int MR>
+inline void row_dots(const float* x, int64_t ldx, const void* w, const float* s, int64_t K, float* out) {
+  __m512 a[4][MR];
+  for (int j = 0; j < 4; ++j)
+    for (int m = 0; m < MR; ++m) a[j][m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64)
+    for (int j = 0; j < 4; ++j) {
+      const __m512 wv = load16<T>(w, s, k + 16 * j);
+      for (int m = 0; m < MR; ++m) a[j][m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + k + 16 * j), wv, a[j][m]);
+    }
+  for (int j = 0; k < K; k += 16, ++j) {
+    const __mmask16 mk = tail_mask(K - k);
+    const __m512 wv = load16_masked<T>(w, s, k, mk);
+    for (int m = 0; m < MR; ++m) a[j][m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + m * ldx + k), wv, a[j][m]);
+  }
+  for (int m = 0; m < MR; ++m)
+    out[m] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0][m], a[1][m]), _mm512_add_ps(a[2][m], a[3][m])));
 }
 
 // a · b over n floats (attention's q·k): one accumulator, masked tail.
@@ -349,7 +376,24 @@ inline void linear_rows(const float* x, int64_t n, const LinearSeg& g, int64_t r
     return;
   }
 #endif
-  // Decode: one weight row at a time (a single stream from memory), every token against it from L1.
+  // Decode: one weight row at a time (a single stream from memory), up to 4 tokens against it per pass.
+#if defined(OPT_AVX512)
+  for (int64_t r = r0; r < r1; ++r) {
+    const void* wr = w.row_ptr(r);
+    const float* sr = row_scales(w, r);
+    for (int64_t i = 0; i < n; i += 4) {
+      float o[4];
+      switch (std::min<int64_t>(4, n - i)) {
+        case 1: o[0] = dot<T>(x + i * K, wr, sr, K); break;
+        case 2: row_dots<T, 2>(x + i * K, K, wr, sr, K, o); break;
+        case 3: row_dots<T, 3>(x + i * K, K, wr, sr, K, o); break;
+        default: row_dots<T, 4>(x + i * K, K, wr, sr, K, o); break;
+      }
+      for (int64_t m = 0; m < std::min<int64_t>(4, n - i); ++m) store(i + m, r, o[m]);
+    }
+  }
+  return;
+#endif
   for (int64_t r = r0; r < r1; ++r) {
     const void* wr = w.row_ptr(r);
     const float* sr = row_scales(w, r);

@@ -2,10 +2,11 @@
 // never by reduction, so results do not depend on the number of threads.
 //
 // Cost model: decode issues ~60 jobs per token, a few microseconds apart. A job is published with one atomic
-// increment (no lock, no allocation: the callable is passed by pointer, type-erased by a function pointer);
-// idle workers spin on that counter for a while (~50 us) and then sleep on a condition variable, so a busy
-// neighbour core does not make us slower (libgomp's default spin-wait did, 3-6x), and the caller only takes the
-// mutex when some worker is asleep.
+// store (no lock, no allocation: the callable is passed by pointer, type-erased by a function pointer) and cut
+// into a few chunks that threads claim dynamically, so a worker descheduled by the OS (the other core busy with
+// another process) costs at most one chunk, not a barrier wait. Idle workers spin on the job word for a while
+// (~50 us) and then sleep on a condition variable, so they do not steal a busy neighbour core (libgomp's default
+// spin-wait made 2 threads 3-6x slower), and the caller only takes the mutex when some worker is asleep.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -39,10 +40,10 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
   ~ThreadPool() {
-    stop_.store(true);
     {
       std::lock_guard<std::mutex> lk(mu_);
-      generation_.fetch_add(1);
+      stop_.store(true);
+      state_.fetch_add(uint64_t(1) << 32);  // wakes spinning workers; the claim in work() fails (no chunks)
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -50,45 +51,50 @@ class ThreadPool {
 
   size_t size() const noexcept { return n_threads_; }
 
-  // Runs fn(thread_index) on every thread (the caller is thread 0) and waits for all of them. One job at a time:
-  // a pool belongs to one calling thread (a Workspace).
+  // Runs fn(thread, chunk) for chunk in [0, n_chunks), chunks claimed dynamically by whichever thread is free (the
+  // caller takes part), and waits until all are done. A worker that the OS has descheduled (the other core is busy)
+  // simply claims fewer chunks: nobody waits for a thread that has not started. One job at a time: a pool belongs
+  // to one calling thread (a Workspace).
   template <class F>
-  void run(F&& fn) {
-    if (n_threads_ == 1) {
-      fn(size_t(0));
+  void run_chunks(size_t n_chunks, F&& fn) {
+    if (n_chunks == 0) return;
+    if (n_threads_ == 1 || n_chunks == 1) {
+      for (size_t c = 0; c < n_chunks; ++c) fn(size_t(0), c);
       return;
     }
     using Fn = std::remove_reference_t<F>;
-    ctx_ = const_cast<void*>(static_cast<const void*>(&fn));
-    call_ = [](void* c, size_t t) { (*static_cast<Fn*>(c))(t); };
-    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_seq_cst);  // publishes ctx_/call_ to spinning workers
+    ctx_.store(const_cast<void*>(static_cast<const void*>(&fn)), std::memory_order_relaxed);
+    call_.store([](void* c, size_t t, size_t k) { (*static_cast<Fn*>(c))(t, k); }, std::memory_order_relaxed);
+    n_chunks_.store(n_chunks, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t gen = (state_.load(std::memory_order_relaxed) >> 32) + 1;
+    state_.store(gen << 32, std::memory_order_seq_cst);  // publishes the job; chunk index 0
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       { std::lock_guard<std::mutex> lk(mu_); }
       cv_.notify_all();
     }
-    fn(size_t(0));
-    for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+    work(0, gen);
+    for (int spin = 0; done_.load(std::memory_order_acquire) != n_chunks; ++spin) {
       if (spin < 4000) detail::cpu_relax();
-      else std::this_thread::yield();  // a worker was descheduled: give the core back
+      else std::this_thread::yield();  // a worker is inside a chunk but descheduled: give the core back
     }
   }
 
-  // Splits [0, n) into one contiguous chunk per thread (multiples of `grain`) and runs fn(thread, begin, end) on
-  // each; `thread` < size() indexes per-thread scratch.
+  // Splits [0, n) into chunks (multiples of `grain`, about 4 per thread) and runs fn(thread, begin, end) on each;
+  // `thread` < size() indexes per-thread scratch. Which thread runs which chunk varies from run to run, so fn must
+  // compute each output the same way whatever its chunk (all kernels here do).
   template <class F>
   void parallel_for_t(size_t n, size_t grain, F&& fn) {
     if (n == 0) return;
     grain = std::max<size_t>(grain, 1);
     const size_t blocks = (n + grain - 1) / grain;
-    const size_t nt = std::min(n_threads_, blocks);
-    if (nt <= 1) {
+    const size_t n_chunks = std::min(blocks, n_threads_ == 1 ? size_t(1) : 4 * n_threads_);
+    if (n_chunks <= 1) {
       fn(size_t(0), size_t(0), n);
       return;
     }
-    run([&](size_t t) {
-      if (t >= nt) return;
-      const size_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    run_chunks(n_chunks, [&](size_t t, size_t c) {
+      const size_t b0 = blocks * c / n_chunks, b1 = blocks * (c + 1) / n_chunks;
       const size_t begin = std::min(n, b0 * grain), end = std::min(n, b1 * grain);
       if (begin < end) fn(t, begin, end);
     });
@@ -98,27 +104,48 @@ class ThreadPool {
   void parallel_for(size_t n, size_t grain, F&& fn) {
     parallel_for_t(n, grain, [&](size_t, size_t b, size_t e) { fn(b, e); });
   }
+  // Runs fn(thread_index) once on every thread (the caller is thread 0) and waits for all of them.
+  template <class F>
+  void run(F&& fn) {
+    std::atomic<size_t> next{0};
+    run_chunks(n_threads_, [&](size_t, size_t) { fn(next.fetch_add(1)); });
+  }
 
  private:
+  // Claims and runs chunks of job `gen` until none are left. A claim is a CAS on (generation, next chunk): it only
+  // succeeds while job `gen` is current, so the job fields read before it are that job's (the caller cannot
+  // publish another job before every chunk of this one is done).
+  void work(size_t thread, uint64_t gen) {
+    for (;;) {
+      void* ctx = ctx_.load(std::memory_order_acquire);
+      auto call = call_.load(std::memory_order_acquire);
+      const size_t n = n_chunks_.load(std::memory_order_acquire);
+      uint64_t s = state_.load(std::memory_order_acquire);
+      if ((s >> 32) != gen || (s & 0xffffffffu) >= n) return;
+      if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) continue;
+      call(ctx, thread, size_t(s & 0xffffffffu));
+      done_.fetch_add(1, std::memory_order_acq_rel);
+    }
+  }
+
   void worker(size_t index) {
     uint64_t seen = 0;
     for (;;) {
-      uint64_t g = generation_.load(std::memory_order_acquire);
+      uint64_t g = state_.load(std::memory_order_acquire) >> 32;
       for (int spin = 0; g == seen && spin < 20000; ++spin) {
         detail::cpu_relax();
-        g = generation_.load(std::memory_order_acquire);
+        g = state_.load(std::memory_order_acquire) >> 32;
       }
       if (g == seen) {
         std::unique_lock<std::mutex> lk(mu_);
         sleepers_.fetch_add(1, std::memory_order_seq_cst);
-        cv_.wait(lk, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
+        cv_.wait(lk, [&] { return (state_.load(std::memory_order_seq_cst) >> 32) != seen || stop_.load(); });
         sleepers_.fetch_sub(1, std::memory_order_relaxed);
-        g = generation_.load(std::memory_order_acquire);
+        g = state_.load(std::memory_order_acquire) >> 32;
       }
-      seen = g;
       if (stop_.load()) return;
-      call_(ctx_, index);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      seen = g;
+      work(index, g);
     }
   }
 
@@ -126,12 +153,13 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  alignas(64) std::atomic<uint64_t> generation_{0};
-  alignas(64) std::atomic<size_t> pending_{0};
+  alignas(64) std::atomic<uint64_t> state_{0};  // generation << 32 | next chunk to claim
+  alignas(64) std::atomic<size_t> done_{0};     // chunks of the current job finished
   alignas(64) std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};
-  void* ctx_ = nullptr;
-  void (*call_)(void*, size_t) = nullptr;
+  std::atomic<void*> ctx_{nullptr};
+  std::atomic<void (*)(void*, size_t, size_t)> call_{nullptr};
+  std::atomic<size_t> n_chunks_{0};
 };
 
 OPT_NAMESPACE_END
