@@ -255,7 +255,7 @@ class Model {
                             ", index " + std::to_string(j) + ") is outside the vocabulary [0, " + std::to_string(V) +
                             ")");
       N += ch.n;
-      max_len = std::max(max_len, ch.cache->size() + ch.n);
+      max_len = std::max(max_len, ch.cache->capacity());  // scores sized for the whole cache: no regrowth per step
     }
     const int64_t n_logits = opts.all_logits ? N : int64_t(chunks.size());
     ws.reserve(c, N, n_logits, max_len);

@@ -1,0 +1,90 @@
+// What the kernels promise, checked end to end on the fixture models: logits are bitwise identical whatever the
+// thread count, whether a row runs alone or in a batch with other rows, and whether a token is computed in the
+// prompt pass or step by step from the cache (batch invariance); and a decode step allocates nothing.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <opt/model.hpp>
+
+#include "shared.hpp"
+
+namespace {
+std::atomic<long> g_allocs{0};
+}  // namespace
+
+// Counting replacements of the global operator new/delete (GCC cannot see that they pair up with malloc/free).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void* operator new(std::size_t n) {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+using Logits = std::vector<float>;
+
+Logits run(const opt::Model& m, opt::Workspace& ws, const std::vector<std::vector<int32_t>>& rows, size_t pick,
+           std::vector<opt::KvCache>& caches) {
+  std::vector<opt::SequenceChunk> chunks;
+  for (size_t b = 0; b < rows.size(); ++b) chunks.push_back({&caches[b], rows[b].data(), int64_t(rows[b].size())});
+  opt::ForwardOptions fo;
+  fo.all_logits = true;
+  opt::LogitsView lv = m.forward(chunks, ws, fo);
+  int64_t r0 = 0;
+  for (size_t b = 0; b < pick; ++b) r0 += int64_t(rows[b].size());
+  return Logits(lv.row(r0), lv.row(r0) + int64_t(rows[pick].size()) * lv.cols);
+}
+
+}  // namespace
+
+TEST_CASE("batch invariance: alone == in a batch == step by step, for 1 and 2 threads") {
+  for (const char* name : {"opt-tiny-odd", "opt-tiny-postln-proj", "opt-tiny-preln-bf16"}) {
+    INFO(name);
+    opt::Model m = opt::Model::load(opt_test::fixture_dir(name));
+    const std::vector<std::vector<int32_t>> rows = {{2, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, {2, 40, 41}, {2, 7, 8, 9, 10, 11}};
+    const auto& row = rows[0];
+    for (size_t threads : {1, 2}) {
+      opt::Workspace ws(threads);
+      std::vector<opt::KvCache> c1, c3;
+      c1.emplace_back(m.config());
+      for (int i = 0; i < 3; ++i) c3.emplace_back(m.config());
+      Logits alone = run(m, ws, {row}, 0, c1);
+      Logits batched = run(m, ws, rows, 0, c3);
+      CHECK(alone == batched);
+      // step by step: the prompt pass of the first 3 tokens, then one token at a time
+      opt::KvCache kv(m.config());
+      opt::ForwardOptions fo;
+      fo.all_logits = true;
+      opt::LogitsView lv = m.forward({{&kv, row.data(), 3}}, ws, fo);
+      Logits steps(lv.data, lv.data + 3 * lv.cols);
+      for (size_t t = 3; t < row.size(); ++t) {
+        lv = m.forward({{&kv, row.data() + t, 1}}, ws);
+        steps.insert(steps.end(), lv.row(0), lv.row(0) + lv.cols);
+      }
+      CHECK(steps == alone);
+    }
+  }
+}
+
+TEST_CASE("a decode step does not allocate") {
+  opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
+  opt::Workspace ws(2);
+  std::vector<opt::KvCache> kv;
+  for (int i = 0; i < 4; ++i) kv.emplace_back(m.config(), 32);
+  std::vector<int32_t> ids = {2, 5, 6, 7};
+  std::vector<opt::SequenceChunk> prompt, step;
+  for (int i = 0; i < 4; ++i) {
+    prompt.push_back({&kv[size_t(i)], ids.data(), 4});
+    step.push_back({&kv[size_t(i)], ids.data() + i, 1});
+  }
+  m.forward(prompt, ws);
+  m.forward(step, ws);  // the first step may size the workspace
+  const long before = g_allocs.load();
+  for (int s = 0; s < 5; ++s) m.forward(step, ws);
+  CHECK(g_allocs.load() - before == 0);
+}
