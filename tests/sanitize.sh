@@ -2,7 +2,8 @@
 # The whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included), in a second
 # build tree. Any sanitizer report fails the test that triggered it (-fno-sanitize-recover=all, halt_on_error).
 #   tests/sanitize.sh [extra ctest args...]
-# Environment: BUILD_DIR (default build-asan), CXX (default clang++-14), JOBS (default 2),
+# Environment: BUILD_DIR (default build-asan), CXX (default g++, the compiler of the main build; clang++-14 works
+# too but its -Wunused-private-field currently fails examples/opt_serve.cpp under -Werror), JOBS (default 2),
 # OPT_SHARED_DIR (default ../shared), OPT_SANITIZE_EXCLUDE (ctest -E regex, default below).
 # Excluded by default: package_* (they configure and build separate consumer projects without sanitizers, so
 # they test packaging, not memory safety, and take minutes).
@@ -11,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=${BUILD_DIR:-$root/build-asan}
 flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1"
-cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-clang++-14}" -DCMAKE_BUILD_TYPE=Debug -DOPT_NATIVE=ON \
+cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-g++}" -DCMAKE_BUILD_TYPE=Debug -DOPT_NATIVE=ON \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DOPT_SHARED_DIR="${OPT_SHARED_DIR:-$root/../shared}" >/dev/null
 cmake --build "$build" -j "${JOBS:-2}"

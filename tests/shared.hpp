@@ -38,6 +38,21 @@ inline std::vector<float> read_f32(const std::filesystem::path& dir, const nlohm
   return v;
 }
 
+// A scratch folder under the build tree, emptied for each test.
+inline std::filesystem::path scratch(const std::string& name) {
+  std::filesystem::path p = std::filesystem::path(OPT_BINARY_DIR) / "test-scratch" / name;
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+// A u64 as 8 little-endian bytes (the safetensors header length).
+inline std::string u64le(uint64_t n) {
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(char((n >> (8 * i)) & 0xff));
+  return s;
+}
+
 inline std::vector<std::string> fixture_models() {
   std::vector<std::string> names;
   const nlohmann::json manifest = read_json(shared_dir() / "fixtures" / "manifest.json");

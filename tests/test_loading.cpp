@@ -9,19 +9,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// A scratch folder under the build tree, emptied for each test.
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::path(OPT_BINARY_DIR) / "test-scratch" / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string u64le(uint64_t n) {
-  std::string s;
-  for (int i = 0; i < 8; ++i) s.push_back(char((n >> (8 * i)) & 0xff));
-  return s;
-}
+using opt_test::scratch;
+using opt_test::u64le;
 
 std::string with_header(const std::string& header_json, const std::string& data) {
   return u64le(header_json.size()) + header_json + data;

@@ -76,17 +76,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path scratch(const std::string& name) {
-  fs::path p = fs::path(OPT_BINARY_DIR) / "test-scratch" / "robustness" / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-std::string u64le(uint64_t n) {
-  std::string s;
-  for (int i = 0; i < 8; ++i) s.push_back(char((n >> (8 * i)) & 0xff));
-  return s;
-}
+fs::path scratch(const std::string& name) { return opt_test::scratch("robustness/" + name); }
+using opt_test::u64le;
 void write(const fs::path& p, const std::string& bytes) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), std::streamsize(bytes.size()));

@@ -38,4 +38,17 @@ inline uint32_t touch(const opt::TensorView& t) {
   return h;
 }
 
+// Every view of a parsed file (SafetensorsFile, PytorchFile): its size is what dtype and shape say, find() gives
+// it back by name, and its bytes are readable. Traps otherwise.
+template <class File>
+void check_views(const File& f) {
+  volatile uint32_t sink = 0;
+  for (const opt::TensorView& t : f.tensors()) {
+    size_t bytes = opt::dtype_size(t.type);
+    for (int64_t d : t.shape) bytes *= size_t(d);
+    if (bytes != t.nbytes || f.find(t.name) != &t) __builtin_trap();
+    sink = sink + touch(t);
+  }
+}
+
 }  // namespace opt_fuzz

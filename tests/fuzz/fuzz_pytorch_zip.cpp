@@ -11,13 +11,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     opt::PytorchOptions o;
     o.verify_crc = size & 1;  // both paths
     opt::PytorchFile f = opt::PytorchFile::from_bytes(std::string(reinterpret_cast<const char*>(data), size), "f", o);
-    volatile uint32_t sink = 0;
-    for (const opt::TensorView& t : f.tensors()) {
-      size_t bytes = opt::dtype_size(t.type);
-      for (int64_t d : t.shape) bytes *= size_t(d);
-      if (bytes != t.nbytes || f.find(t.name) != &t) __builtin_trap();
-      sink = sink + opt_fuzz::touch(t);
-    }
+    opt_fuzz::check_views(f);
   } catch (const opt::error&) {
   }
   return 0;
