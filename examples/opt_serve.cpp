@@ -98,7 +98,7 @@ struct Choice {
   // the scheduler's alone
   std::unique_ptr<opt::TextStream> stream;
   // guarded by Request::m
-  std::string out;                 // text produced and not yet taken by the HTTP thread
+  std::vector<std::string> out;    // pieces of text (one per token that completed some) not yet streamed
   std::string completion;          // the whole completion so far
   std::vector<int32_t> tokens;     // prompt + new ids, when done
   size_t completion_tokens = 0;
@@ -279,7 +279,7 @@ class Scheduler {
       if (finished) piece += c.stream->finish();
       {
         std::lock_guard<std::mutex> lk(e.req->m);
-        c.out += piece;
+        if (!piece.empty()) c.out.push_back(piece);
         c.completion += piece;
         ++c.completion_tokens;
       }
@@ -440,6 +440,10 @@ void fit_context(const Server& s, Choice& c, int64_t max_tokens, bool explicit_m
 // Runs a request: queue it, or throw 429 when the queue is full.
 std::shared_ptr<Request> submit(Server& s, std::shared_ptr<Request> r) {
   if (s.sched->stopping()) throw ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"};
+  if (r->choices.size() > s.o.max_batch + s.o.max_queue)
+    throw bad_request("the request has " + std::to_string(r->choices.size()) + " prompts; this server holds at most " +
+                          std::to_string(s.o.max_batch + s.o.max_queue) + " sequences (--max-batch + --max-queue)",
+                      "prompt");
   if (!s.sched->submit(r))
     throw ApiError{429,
                    "the server is busy: " + std::to_string(s.o.max_queue) +
@@ -680,12 +684,15 @@ void handle_completions(Server& s, const httplib::Request& http, httplib::Respon
           for (size_t i = 0; i < r.choices.size(); ++i) {
             Choice& c = r.choices[i];
             if ((*sent_done)[i]) continue;
-            if (c.done) {
-              events.push_back(event(i, c.out, c.finish_reason == "error" ? json(nullptr) : json(c.finish_reason)));
-              (*sent_done)[i] = true;
-            } else if (!c.out.empty()) {
-              events.push_back(event(i, c.out, nullptr));
+            // one event per piece, as OpenAI sends one per token; the last one of a finished choice carries its
+            // finish_reason (an empty text when the last token added none)
+            const bool last = c.done;
+            if (last && c.out.empty()) c.out.emplace_back();
+            for (size_t k = 0; k < c.out.size(); ++k) {
+              const bool fin = last && k + 1 == c.out.size();
+              events.push_back(event(i, c.out[k], fin && c.finish_reason != "error" ? json(c.finish_reason) : json(nullptr)));
             }
+            if (last) (*sent_done)[i] = true;
             c.out.clear();
           }
           all_done = r.remaining == 0;

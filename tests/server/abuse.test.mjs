@@ -160,9 +160,9 @@ test("a full queue: 429 with a JSON error, the admitted requests still answer co
       assert.equal(r.json.error.code, "queue_full");
       assert.equal(r.headers.get("retry-after"), "1");
     }
-    // a request with more prompts than the queue can ever hold is refused the same way
+    // a request with more prompts than the server can ever hold is invalid, not busy
     const many = await postJson(`${small.url}/generate`, { prompts: ["a", "b", "c", "d", "e"], max_new_tokens: 2 });
-    assertApiError(many, 429);
+    assertApiError(many, 400, "prompt");
     // and once the queue drains, requests are admitted again
     const again = await postJson(`${small.url}/v1/completions`, body);
     assert.equal(again.status, 200);
