@@ -184,7 +184,7 @@ inline void tile4x4(const float* x, int64_t ldx, const void* const* w, const flo
                                                      _mm512_add_ps(part[2][m][n], part[3][m][n])));
 }
 
-// MR (1..4) canonical dot products of one weight row against MR token rows, in one pass over the row: the row is
+// MR (1..6) canonical dot products of one weight row against MR token rows, in one pass over the row: the row is
 // read (and widened) once, chunk c going to accumulator [c % 4][token]. Decode batches use it: one weight row at
 // a time is a single stream from memory.
 template <dtype T, int MR>
@@ -381,15 +381,17 @@ inline void linear_rows(const float* x, int64_t n, const LinearSeg& g, int64_t r
   for (int64_t r = r0; r < r1; ++r) {
     const void* wr = w.row_ptr(r);
     const float* sr = row_scales(w, r);
-    for (int64_t i = 0; i < n; i += 4) {
-      float o[4];
-      switch (std::min<int64_t>(4, n - i)) {
+    for (int64_t i = 0; i < n; i += 6) {  // up to 6 tokens per pass: 24 accumulators + w + x in 32 registers
+      float o[6];
+      switch (std::min<int64_t>(6, n - i)) {
         case 1: o[0] = dot<T>(x + i * K, wr, sr, K); break;
         case 2: row_dots<T, 2>(x + i * K, K, wr, sr, K, o); break;
         case 3: row_dots<T, 3>(x + i * K, K, wr, sr, K, o); break;
-        default: row_dots<T, 4>(x + i * K, K, wr, sr, K, o); break;
+        case 4: row_dots<T, 4>(x + i * K, K, wr, sr, K, o); break;
+        case 5: row_dots<T, 5>(x + i * K, K, wr, sr, K, o); break;
+        default: row_dots<T, 6>(x + i * K, K, wr, sr, K, o); break;
       }
-      for (int64_t m = 0; m < std::min<int64_t>(4, n - i); ++m) store(i + m, r, o[m]);
+      for (int64_t m = 0; m < std::min<int64_t>(6, n - i); ++m) store(i + m, r, o[m]);
     }
   }
   return;
