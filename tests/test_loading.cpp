@@ -229,3 +229,29 @@ TEST_CASE("bad inputs at the API are input errors") {
   // nothing was appended to the cache by the failed calls
   CHECK(kv.size() == 0);
 }
+
+TEST_CASE("limits: absurd max_new_tokens and KV-cache memory are refused before allocation") {
+  opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
+  opt::GenerateOptions go;
+  go.max_new_tokens = INT64_MAX;  // no signed overflow in the context check
+  check_throws<opt::input_error>([&] { opt::generate_ids(m, {{2, 3}}, go); }, {"beyond max_position_embeddings 64"});
+  opt::Batch batch(m, 1);
+  opt::SequenceOptions so;
+  so.max_new_tokens = INT64_MAX;
+  check_throws<opt::input_error>([&] { batch.add({2, 3}, so); }, {"beyond max_position_embeddings 64"});
+  // opt-tiny-preln: 2 layers * 64 hidden * 4 bytes * 2 (k, v) = 1 KiB per position
+  CHECK(opt::Batch::cache_bytes_for(m.config(), 10) == 10240);
+  go.max_new_tokens = 8;
+  go.max_cache_bytes = 3 * 10240 - 1;  // three prompts of 2 tokens + 8 new need 3 * 10 positions
+  check_throws<opt::limit_error>([&] { opt::generate_ids(m, {{2, 3}, {2, 4}, {2, 5}}, go); },
+                                 {"need 30720 bytes of KV cache", "limit of 30719"});
+  go.max_cache_bytes = 3 * 10240;
+  CHECK(opt::generate_ids(m, {{2, 3}, {2, 4}, {2, 5}}, go).new_tokens.size() == 3);
+  batch.set_max_cache_bytes(2 * 10240);
+  so.max_new_tokens = 8;
+  batch.add({2, 3}, so);
+  batch.add({2, 4}, so);
+  check_throws<opt::limit_error>([&] { batch.add({2, 5}, so); }, {"Batch::add", "would exceed 20480 bytes"});
+  while (!batch.empty()) batch.step();  // finished sequences free their share
+  CHECK_NOTHROW(batch.add({2, 5}, so));
+}

@@ -4,6 +4,7 @@
 // freeing their KV cache at once. Each sequence gets exactly what it would get alone: it has its own cache and
 // positions, and the kernels compute every row independently of the others.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -72,11 +73,18 @@ class Batch {
       if (prompt[j] < 0 || prompt[j] >= c.vocab_size)
         throw input_error("Batch::add: prompt token " + std::to_string(j) + " = " + std::to_string(prompt[j]) +
                           " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
-    const int64_t need = int64_t(prompt.size()) + opts.max_new_tokens;
-    if (need > c.max_position_embeddings)
-      throw input_error("Batch::add: prompt of " + std::to_string(prompt.size()) + " tokens + max_new_tokens " +
-                        std::to_string(opts.max_new_tokens) + " = " + std::to_string(need) +
+    const int64_t len = int64_t(prompt.size());
+    if (opts.max_new_tokens > c.max_position_embeddings - len)  // (no overflow for any max_new_tokens)
+      throw input_error("Batch::add: prompt of " + std::to_string(len) + " tokens + max_new_tokens " +
+                        std::to_string(opts.max_new_tokens) + " = " + std::to_string(len + std::min(opts.max_new_tokens, c.max_position_embeddings)) +
+                        (opts.max_new_tokens > c.max_position_embeddings ? "+" : "") +
                         " positions, beyond max_position_embeddings " + std::to_string(c.max_position_embeddings));
+    const int64_t need = len + opts.max_new_tokens;
+    const size_t bytes = cache_bytes_for(c, need);
+    if (opts.max_new_tokens > 0 && cache_bytes() + bytes > max_cache_bytes_)
+      throw limit_error("Batch::add: a KV cache of " + std::to_string(bytes) + " bytes (" + std::to_string(need) +
+                        " positions) on top of the " + std::to_string(cache_bytes()) + " bytes held would exceed " +
+                        std::to_string(max_cache_bytes_) + " bytes (OPT_MAX_KV_BYTES / Batch::set_max_cache_bytes)");
     Seq s;
     s.prompt_len = prompt.size();
     s.tokens = std::move(prompt);
@@ -93,6 +101,14 @@ class Batch {
     seqs_.emplace(id, std::move(s));
     return id;
   }
+
+  // KV cache bytes a sequence of `positions` positions needs: keys and values of every layer, in float.
+  static size_t cache_bytes_for(const Config& c, int64_t positions) noexcept {
+    return 2 * size_t(c.num_hidden_layers) * size_t(positions) * size_t(c.hidden_size) * sizeof(float);
+  }
+  // The cap on the KV cache all unfinished sequences may hold together (default OPT_MAX_KV_BYTES).
+  void set_max_cache_bytes(size_t bytes) noexcept { max_cache_bytes_ = bytes; }
+  size_t max_cache_bytes() const noexcept { return max_cache_bytes_; }
 
   // Sequences that have not finished.
   size_t active() const noexcept {
@@ -214,6 +230,7 @@ class Batch {
   Workspace* ws_;
   std::map<SeqId, Seq> seqs_;  // ordered: passes are laid out in the order sequences joined
   SeqId next_id_ = 1;
+  size_t max_cache_bytes_ = OPT_MAX_KV_BYTES;
   std::vector<SequenceChunk> chunks_;
   std::vector<SeqId> order_;
 };

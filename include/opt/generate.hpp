@@ -3,6 +3,7 @@
 // default. Each row of a batch gets exactly what it would get alone: rows are kept unpadded (each sequence has its
 // own cache and positions), so left, right or no padding in the caller's input cannot change a row's result.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -24,6 +25,7 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   int64_t eos_token_id = -1;  // -1: the model's config.eos_token_id
   size_t threads = 0;         // 0: all cores (when generate makes its own Workspace)
+  size_t max_cache_bytes = OPT_MAX_KV_BYTES;  // cap on the batch's KV cache, checked before allocating
   SamplingOptions sampling;   // greedy by default
   // Called for each new token of each row; return false to stop that row.
   std::function<bool(size_t row, int32_t id)> on_token;
@@ -81,21 +83,31 @@ inline GenerateResult generate_ids(const Model& model, const std::vector<std::ve
   if (opts.max_new_tokens < 0)
     throw input_error("generate: max_new_tokens = " + std::to_string(opts.max_new_tokens) + ", expected >= 0");
   const size_t B = prompts.size();
+  size_t cache_total = 0;
   for (size_t b = 0; b < B; ++b) {
     const int64_t len = int64_t(prompts[b].size());
     if (len == 0) throw input_error("generate: prompt " + std::to_string(b) + " is empty");
-    if (len + opts.max_new_tokens > c.max_position_embeddings)
+    if (opts.max_new_tokens > c.max_position_embeddings - len)  // (no overflow for any max_new_tokens)
       throw input_error("generate: prompt " + std::to_string(b) + " has " + std::to_string(len) +
                         " tokens; with max_new_tokens " + std::to_string(opts.max_new_tokens) + " that is " +
-                        std::to_string(len + opts.max_new_tokens) + " positions, beyond max_position_embeddings " +
-                        std::to_string(c.max_position_embeddings));
+                        std::to_string(len + std::min(opts.max_new_tokens, c.max_position_embeddings)) +
+                        (opts.max_new_tokens > c.max_position_embeddings ? "+" : "") +
+                        " positions, beyond max_position_embeddings " + std::to_string(c.max_position_embeddings));
     for (size_t j = 0; j < prompts[b].size(); ++j)
       if (prompts[b][j] < 0 || prompts[b][j] >= c.vocab_size)
         throw input_error("generate: prompt " + std::to_string(b) + " token " + std::to_string(j) + " = " +
                           std::to_string(prompts[b][j]) + " is outside the vocabulary [0, " +
                           std::to_string(c.vocab_size) + ")");
+    if (opts.max_new_tokens > 0) cache_total += Batch::cache_bytes_for(c, len + opts.max_new_tokens);
   }
+  // the whole batch's KV cache, checked before anything is allocated
+  if (cache_total > opts.max_cache_bytes)
+    throw limit_error("generate: " + std::to_string(B) + " prompts with max_new_tokens " +
+                      std::to_string(opts.max_new_tokens) + " need " + std::to_string(cache_total) +
+                      " bytes of KV cache, more than the limit of " + std::to_string(opts.max_cache_bytes) +
+                      " bytes (GenerateOptions::max_cache_bytes, default OPT_MAX_KV_BYTES)");
   Batch batch(model, ws);
+  batch.set_max_cache_bytes(opts.max_cache_bytes);
   SequenceOptions so;
   so.max_new_tokens = opts.max_new_tokens;
   so.stop_at_eos = opts.stop_at_eos;

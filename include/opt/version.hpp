@@ -20,6 +20,13 @@
 #define OPT_MAX_TENSORS 1000000u
 #endif
 
+// Largest total of KV cache a Batch (and so generate) may hold, in bytes; checked before anything is allocated.
+// opt-125m needs 2 * 12 layers * 768 * 4 bytes = 72 KiB per position (151 MiB for a full 2048-token sequence).
+// Batch::set_max_cache_bytes changes it at run time.
+#ifndef OPT_MAX_KV_BYTES
+#define OPT_MAX_KV_BYTES (size_t(16) << 30)
+#endif
+
 // OPT_DASSERT: checks for hot loops, compiled out under NDEBUG. Everything a user can get wrong is checked
 // at load or at the API boundary with an opt::error instead.
 #ifndef OPT_DASSERT
