@@ -119,7 +119,7 @@ struct Request {
 class Scheduler {
  public:
   Scheduler(const opt::Model& model, const opt::Tokenizer& tok, const ServerOptions& o)
-      : model_(model), tok_(tok), opts_(o), batch_(model, o.threads) {
+      : tok_(tok), opts_(o), batch_(model, o.threads) {
     dopts_.skip_special_tokens = true;
     dopts_.clean_up_tokenization_spaces = true;
   }
@@ -317,7 +317,6 @@ class Scheduler {
     finish(e, nullptr, "error");
   }
 
-  const opt::Model& model_;
   opt::Tokenizer tok_;
   const ServerOptions& opts_;
   opt::DecodeOptions dopts_;
