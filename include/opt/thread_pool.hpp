@@ -63,11 +63,15 @@ class ThreadPool {
       return;
     }
     using Fn = std::remove_reference_t<F>;
-    ctx_.store(const_cast<void*>(static_cast<const void*>(&fn)), std::memory_order_relaxed);
-    call_.store([](void* c, size_t t, size_t k) { (*static_cast<Fn*>(c))(t, k); }, std::memory_order_relaxed);
-    n_chunks_.store(n_chunks, std::memory_order_relaxed);
+    // Close the previous job before touching the job fields: a worker that read the old state cannot then claim
+    // a chunk (its CAS fails), whatever mix of old and new fields it saw. Closing takes a generation of its own,
+    // so workers that wake on it go back to waiting for the real one.
+    const uint64_t gen = (state_.load(std::memory_order_relaxed) >> 32) + 2;
+    state_.store(((gen - 1) << 32) | kClosed, std::memory_order_seq_cst);
+    ctx_.store(const_cast<void*>(static_cast<const void*>(&fn)), std::memory_order_release);
+    call_.store([](void* c, size_t t, size_t k) { (*static_cast<Fn*>(c))(t, k); }, std::memory_order_release);
+    n_chunks_.store(n_chunks, std::memory_order_release);
     done_.store(0, std::memory_order_relaxed);
-    const uint64_t gen = (state_.load(std::memory_order_relaxed) >> 32) + 1;
     state_.store(gen << 32, std::memory_order_seq_cst);  // publishes the job; chunk index 0
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       { std::lock_guard<std::mutex> lk(mu_); }
@@ -113,15 +117,18 @@ class ThreadPool {
 
  private:
   // Claims and runs chunks of job `gen` until none are left. A claim is a CAS on (generation, next chunk): it only
-  // succeeds while job `gen` is current, so the job fields read before it are that job's (the caller cannot
-  // publish another job before every chunk of this one is done).
+  // succeeds while job `gen` is current and open, so the job fields read between the state and the CAS are that
+  // job's (the caller closes a job before writing the next one's fields).
   void work(size_t thread, uint64_t gen) {
     for (;;) {
+      // state first, then the fields: if a newer job's fields were read, the job was closed before they were
+      // written, so the CAS below (from this state) fails
+      uint64_t s = state_.load(std::memory_order_acquire);
+      if ((s >> 32) != gen || (s & 0xffffffffu) == kClosed) return;
       void* ctx = ctx_.load(std::memory_order_acquire);
       auto call = call_.load(std::memory_order_acquire);
       const size_t n = n_chunks_.load(std::memory_order_acquire);
-      uint64_t s = state_.load(std::memory_order_acquire);
-      if ((s >> 32) != gen || (s & 0xffffffffu) >= n) return;
+      if ((s & 0xffffffffu) >= n) return;
       if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) continue;
       call(ctx, thread, size_t(s & 0xffffffffu));
       done_.fetch_add(1, std::memory_order_acq_rel);
@@ -148,6 +155,8 @@ class ThreadPool {
       work(index, g);
     }
   }
+
+  static constexpr uint64_t kClosed = 0xffffffffu;  // chunk index of a closed job: nothing to claim
 
   size_t n_threads_ = 1;
   std::vector<std::thread> workers_;
