@@ -59,7 +59,7 @@ W make(opt::dtype t, int64_t rows, int64_t cols, uint32_t seed) {
 TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, tiles and tails") {
   opt::ThreadPool pool2(2), pool3(3);
   for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8})
-    for (int64_t K : {1, 15, 16, 17, 63, 64, 65, 130, 257})
+    for (int64_t K : {1, 15, 16, 17, 63, 64, 65, 130, 257, 1100, 2061})
       for (int64_t R : {1, 3, 4, 7, 18})
         for (int64_t n : {1, 2, 4, 5, 8, 9, 13}) {
           INFO(opt::to_string(t) << " n=" << n << " R=" << R << " K=" << K);

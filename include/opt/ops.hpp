@@ -144,15 +144,16 @@ inline float dot(const float* x, const void* w, const float* s, int64_t K) {
 // accumulators per output, so the chunks are visited in four passes (c % 4 == 0, 1, 2, 3), each with its own
 // 16 accumulators; the partial sums are then combined exactly as dot() does.
 template <dtype T>
-inline void tile4x4(const float* x, int64_t ldx, const void* const* w, const float* const* s, int64_t K,
-                    float out[4][4]) {
-  const int64_t nfull = K / 16, rem = K % 16;
-  __m512 part[4][4][4];
+inline void tile4x4_part(const float* x, int64_t ldx, const void* const* w, const float* const* s, int64_t k0,
+                         int64_t k1, int64_t K, bool first, __m512 part[4][4][4]) {
+  // columns [k0, k1) of the dot products (k0 a multiple of 64, so chunk c = k0 / 16 + j starts pass j), continuing
+  // the partial sums in `part` (first: from zero); the masked last chunk belongs to the block that ends at K
+  const int64_t nfull = K / 16, rem = K % 16, cend = std::min(nfull, k1 / 16);
   for (int j = 0; j < 4; ++j) {
     __m512 acc[4][4];
     for (int m = 0; m < 4; ++m)
-      for (int n = 0; n < 4; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t c = j; c < nfull; c += 4) {
+      for (int n = 0; n < 4; ++n) acc[m][n] = first ? _mm512_setzero_ps() : part[j][m][n];
+    for (int64_t c = k0 / 16 + j; c < cend; c += 4) {
       const int64_t k = c * 16;
       __m512 wv[4];
       for (int n = 0; n < 4; ++n) {
@@ -165,7 +166,7 @@ inline void tile4x4(const float* x, int64_t ldx, const void* const* w, const flo
         for (int n = 0; n < 4; ++n) acc[m][n] = _mm512_fmadd_ps(xv, wv[n], acc[m][n]);
       }
     }
-    if (rem && nfull % 4 == j) {
+    if (rem && k1 >= K && nfull % 4 == j) {
       const int64_t k = nfull * 16;
       const __mmask16 mk = tail_mask(rem);
       __m512 wv[4];
@@ -178,10 +179,19 @@ inline void tile4x4(const float* x, int64_t ldx, const void* const* w, const flo
     for (int m = 0; m < 4; ++m)
       for (int n = 0; n < 4; ++n) part[j][m][n] = acc[m][n];
   }
+}
+inline void tile4x4_finish(__m512 part[4][4][4], float out[4][4]) {
   for (int m = 0; m < 4; ++m)
     for (int n = 0; n < 4; ++n)
       out[m][n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(part[0][m][n], part[1][m][n]),
                                                      _mm512_add_ps(part[2][m][n], part[3][m][n])));
+}
+template <dtype T>
+inline void tile4x4(const float* x, int64_t ldx, const void* const* w, const float* const* s, int64_t K,
+                    float out[4][4]) {
+  __m512 part[4][4][4];
+  tile4x4_part<T>(x, ldx, w, s, 0, K, K, true, part);
+  tile4x4_finish(part, out);
 }
 
 // MR (1..6) canonical dot products of one weight row against MR token rows, in one pass over the row: the row is
@@ -352,18 +362,30 @@ inline void linear_rows(const float* x, int64_t n, const LinearSeg& g, int64_t r
   };
 #if defined(OPT_AVX512)
   if (n >= 8) {
-    // Prefill: blocks of weight rows that fit in L2 (read from memory once), 4x4 tiles inside; x streams from L3.
-    const int64_t rb = std::max<int64_t>(4, ((int64_t(1) << 19) / std::max<int64_t>(1, K * int64_t(dtype_size(w.type)))) / 4 * 4);
+    // Prefill: blocks of weight rows that fit in L2 (read from memory once) and 4x4 tiles inside. Long rows are cut
+    // into column blocks of kKB so that a tile's 4 x rows and 4 w rows stay in L1; the tiles' partial sums wait in
+    // `parts` between column blocks (the same operations in the same order: bitwise the canonical dot).
+    constexpr int64_t kKB = 1024, kMaxTiles = 16;
+    const int64_t wsz = int64_t(dtype_size(w.type));
+    const int64_t rb = std::min<int64_t>(4 * kMaxTiles,
+                                         std::max<int64_t>(4, ((int64_t(1) << 19) / std::max<int64_t>(1, K * wsz)) / 4 * 4));
+    alignas(64) __m512 parts[kMaxTiles][4][4][4];
     for (int64_t b0 = r0; b0 < r1; b0 += rb) {
       const int64_t b1 = std::min(r1, b0 + rb);
       const int64_t b4 = b0 + (b1 - b0) / 4 * 4;
       int64_t i = 0;
       for (; i + 4 <= n; i += 4) {
+        for (int64_t k0 = 0; k0 < K; k0 += kKB) {
+          const int64_t k1 = std::min(K, k0 + kKB);
+          for (int64_t r = b0; r < b4; r += 4) {
+            const void* wr[4] = {w.row_ptr(r), w.row_ptr(r + 1), w.row_ptr(r + 2), w.row_ptr(r + 3)};
+            const float* sr[4] = {row_scales(w, r), row_scales(w, r + 1), row_scales(w, r + 2), row_scales(w, r + 3)};
+            tile4x4_part<T>(x + i * K, K, wr, sr, k0, k1, K, k0 == 0, parts[(r - b0) / 4]);
+          }
+        }
         for (int64_t r = b0; r < b4; r += 4) {
-          const void* wr[4] = {w.row_ptr(r), w.row_ptr(r + 1), w.row_ptr(r + 2), w.row_ptr(r + 3)};
-          const float* sr[4] = {row_scales(w, r), row_scales(w, r + 1), row_scales(w, r + 2), row_scales(w, r + 3)};
           float out[4][4];
-          tile4x4<T>(x + i * K, K, wr, sr, K, out);
+          tile4x4_finish(parts[(r - b0) / 4], out);
           for (int m = 0; m < 4; ++m)
             for (int q = 0; q < 4; ++q) store(i + m, r + q, out[m][q]);
         }
