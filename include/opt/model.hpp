@@ -132,7 +132,7 @@ class KvCache {
 
  private:
   int64_t layers_ = 0, hidden_ = 0, capacity_ = 0, size_ = 0;
-  std::vector<float> k_, v_;  // [layers, capacity, hidden]
+  ops::aligned_vector<float> k_, v_;  // [layers, capacity, hidden], 64-byte aligned
 };
 
 // Scratch space for forward passes and the thread pool that runs them. One per calling thread. Buffers grow
@@ -159,10 +159,11 @@ class Workspace {
     grow(scores, int64_t(threads()) * std::max<int64_t>(max_len, 1));
   }
 
-  std::vector<float> x, h, q, k, v, a, e, logits, last, scores;
+  // 64-byte aligned: every row of a [n, dim] buffer starts on a cache line when dim is a multiple of 16
+  ops::aligned_vector<float> x, h, q, k, v, a, e, logits, last, scores;
 
  private:
-  static void grow(std::vector<float>& v, int64_t n) {
+  static void grow(ops::aligned_vector<float>& v, int64_t n) {
     if (v.size() < size_t(n)) v.resize(size_t(n));
   }
   std::unique_ptr<ThreadPool> pool_;

@@ -15,7 +15,7 @@ OPT_NAMESPACE_BEGIN
 
 // An owned int8 matrix with its scales; ref() views it for the kernels.
 struct QuantizedMatrix {
-  std::vector<int8_t> q;      // [rows, cols]
+  ops::aligned_vector<int8_t> q;  // [rows, cols], 64-byte aligned
   std::vector<float> scale;   // [rows, ceil(cols / block)]
   int64_t rows = 0, cols = 0, block = ops::detail_k::kQ8Block;
 
