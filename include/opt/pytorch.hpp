@@ -211,7 +211,7 @@ class PytorchFile {
 };
 
 // One archive, or the shards of pytorch_model.bin.index.json. Tensor names are unique across the shards.
-class PytorchCheckpoint {
+class PytorchCheckpoint : public detail::ShardSet<PytorchFile> {
  public:
   // `path` is an archive file, or a directory holding pytorch_model.bin or pytorch_model.bin.index.json.
   static PytorchCheckpoint open(const std::filesystem::path& path, const PytorchOptions& opts = {}) {
@@ -223,49 +223,10 @@ class PytorchCheckpoint {
       c.add(PytorchFile::open(path, opts));
       return c;
     }
-    fs::path single = path / "pytorch_model.bin";
-    fs::path index = path / "pytorch_model.bin.index.json";
-    if (fs::exists(single, ec)) {
-      c.add(PytorchFile::open(single, opts));
-      return c;
-    }
-    if (!fs::exists(index, ec))
-      throw io_error(path.string() + ": found neither pytorch_model.bin nor pytorch_model.bin.index.json");
-    for (auto& [file, names] : detail::read_weight_map(index)) {
-      c.add(PytorchFile::open(path / file, opts));
-      const PytorchFile& pf = c.files_.back();
-      for (auto& n : names)
-        if (!pf.find(n))
-          throw tensor_error(index.string() + ": weight_map puts '" + n + "' in " + file + ", which lacks it");
-    }
+    c.open_dir(path, "pytorch_model.bin", "pytorch_model.bin.index.json",
+               [&](const fs::path& p) { return PytorchFile::open(p, opts); });
     return c;
   }
-
-  const TensorView* find(std::string_view name) const {
-    auto it = index_.find(std::string(name));
-    return it == index_.end() ? nullptr : it->second;
-  }
-  // Every tensor of every file, in file order.
-  std::vector<const TensorView*> tensors() const {
-    std::vector<const TensorView*> v;
-    for (auto& f : files_)
-      for (auto& t : f.tensors()) v.push_back(&t);
-    return v;
-  }
-  const std::vector<PytorchFile>& files() const noexcept { return files_; }
-  void add(PytorchFile f) {
-    files_.push_back(std::move(f));
-    index_.clear();  // views live in the files' vectors, which moved only as handles: rebuild the name map
-    for (auto& file : files_)
-      for (auto& t : file.tensors()) {
-        auto [it, fresh] = index_.emplace(t.name, &t);
-        if (!fresh) throw format_error(t.file + ": tensor '" + t.name + "' is also in " + it->second->file);
-      }
-  }
-
- private:
-  std::vector<PytorchFile> files_;
-  std::unordered_map<std::string, const TensorView*> index_;
 };
 
 // ---- conversion to safetensors -----------------------------------------------------------------------------

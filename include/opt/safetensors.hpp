@@ -298,39 +298,12 @@ inline std::map<std::string, std::vector<std::string>> read_weight_map(const std
 }
 }  // namespace detail
 
-// A checkpoint: one model.safetensors, or shards listed by model.safetensors.index.json. Tensor names are
-// unique across the shards.
-class Checkpoint {
+namespace detail {
+// The files of one checkpoint (a single file, or the shards an index lists) with one name -> tensor map across
+// them; names must be unique across the shards. File is SafetensorsFile or PytorchFile.
+template <class File>
+class ShardSet {
  public:
-  // `dir` holds model.safetensors or model.safetensors.index.json; `path` may also name a .safetensors file.
-  static Checkpoint open(const std::filesystem::path& path) {
-    namespace fs = std::filesystem;
-    Checkpoint c;
-    std::error_code ec;
-    if (fs::is_regular_file(path, ec) && path.extension() == ".safetensors") {
-      c.add(SafetensorsFile::open(path));
-      return c;
-    }
-    if (!fs::is_directory(path, ec)) throw io_error(path.string() + ": no such model directory");
-    fs::path single = path / "model.safetensors";
-    fs::path index = path / "model.safetensors.index.json";
-    if (fs::exists(single, ec)) {
-      c.add(SafetensorsFile::open(single));
-      return c;
-    }
-    if (!fs::exists(index, ec))
-      throw io_error(path.string() + ": found neither model.safetensors nor model.safetensors.index.json");
-    const auto by_file = detail::read_weight_map(index);
-    for (auto& [file, names] : by_file) {
-      c.add(SafetensorsFile::open(path / file));
-      const SafetensorsFile& sf = c.files_.back();
-      for (auto& n : names)
-        if (!sf.find(n))
-          throw tensor_error(index.string() + ": weight_map puts '" + n + "' in " + file + ", which lacks it");
-    }
-    return c;
-  }
-
   const TensorView* find(std::string_view name) const {
     auto it = index_.find(std::string(name));
     return it == index_.end() ? nullptr : it->second;
@@ -342,21 +315,61 @@ class Checkpoint {
       for (auto& t : f.tensors()) v.push_back(&t);
     return v;
   }
-  const std::vector<SafetensorsFile>& files() const noexcept { return files_; }
-  void add(SafetensorsFile f) {
+  const std::vector<File>& files() const noexcept { return files_; }
+  void add(File f) {
     files_.push_back(std::move(f));
     index_.clear();  // views point into the files, which moved only as handles: rebuild the name map
     for (auto& file : files_)
       for (auto& t : file.tensors()) {
         auto [it, fresh] = index_.emplace(t.name, &t);
-        if (!fresh)
-          throw format_error(t.file + ": tensor '" + t.name + "' is also in " + it->second->file);
+        if (!fresh) throw format_error(t.file + ": tensor '" + t.name + "' is also in " + it->second->file);
       }
   }
 
+ protected:
+  // dir/single, or else the shards listed by dir/index (each listed name must be in its shard).
+  template <class Open>
+  void open_dir(const std::filesystem::path& dir, const char* single, const char* index, Open&& open_file) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path one = dir / single, idx = dir / index;
+    if (fs::exists(one, ec)) {
+      add(open_file(one));
+      return;
+    }
+    if (!fs::exists(idx, ec))
+      throw io_error(dir.string() + ": found neither " + single + " nor " + index);
+    for (auto& [file, names] : read_weight_map(idx)) {
+      add(open_file(dir / file));
+      const File& f = files_.back();
+      for (auto& n : names)
+        if (!f.find(n)) throw tensor_error(idx.string() + ": weight_map puts '" + n + "' in " + file + ", which lacks it");
+    }
+  }
+
  private:
-  std::vector<SafetensorsFile> files_;
+  std::vector<File> files_;
   std::unordered_map<std::string, const TensorView*> index_;
+};
+}  // namespace detail
+
+// A checkpoint: one model.safetensors, or shards listed by model.safetensors.index.json.
+class Checkpoint : public detail::ShardSet<SafetensorsFile> {
+ public:
+  // `path` is a directory holding model.safetensors or model.safetensors.index.json, or a .safetensors file.
+  static Checkpoint open(const std::filesystem::path& path) {
+    namespace fs = std::filesystem;
+    Checkpoint c;
+    std::error_code ec;
+    if (fs::is_regular_file(path, ec) && path.extension() == ".safetensors") {
+      c.add(SafetensorsFile::open(path));
+      return c;
+    }
+    if (!fs::is_directory(path, ec)) throw io_error(path.string() + ": no such model directory");
+    c.open_dir(path, "model.safetensors", "model.safetensors.index.json",
+               [](const fs::path& p) { return SafetensorsFile::open(p); });
+    return c;
+  }
 };
 
 // ---- writing ---------------------------------------------------------------------------------------------
