@@ -1,6 +1,10 @@
 // What the kernels promise, checked end to end on the fixture models: logits are bitwise identical whatever the
 // thread count, whether a row runs alone or in a batch with other rows, and whether a token is computed in the
 // prompt pass or step by step from the cache (batch invariance); and a decode step allocates nothing.
+// The operator new/delete replacements below pair with malloc/free, which GCC cannot see.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -13,9 +17,6 @@ std::atomic<long> g_allocs{0};
 }  // namespace
 
 // Counting replacements of the global operator new/delete (GCC cannot see that they pair up with malloc/free).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
 void* operator new(std::size_t n) {
   g_allocs.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n ? n : 1)) return p;
@@ -31,6 +32,28 @@ void* operator new(std::size_t n, std::align_val_t al) {  // the Workspace's 64-
 }
 void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+// Every other form too, so that nothing pairs a sanitizer's operator new with our free (ASan checks the pairs).
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new[](std::size_t n, std::align_val_t al) { return operator new(n, al); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n ? n : 1);
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void* operator new(std::size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t a = std::size_t(al);
+  return std::aligned_alloc(a, (n + a - 1) / a * a);
+}
+void* operator new[](std::size_t n, std::align_val_t al, const std::nothrow_t& t) noexcept { return operator new(n, al, t); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
