@@ -32,7 +32,8 @@ struct Args {
   bool logits = false, stats = false, no_stream = false;
   size_t threads = 0;
   opt::SamplingOptions sampling;
-  bool strict = true;
+  std::string quantize = "none";
+  bool lm_head_int8 = false;
 };
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -198,6 +199,9 @@ int main(int argc, char** argv) {
   app.add_option("--repeat-penalty", a.sampling.repetition_penalty, "repetition penalty (1: off)");
   app.add_option("--stop", a.stop, "stop string (repeatable); never printed");
   app.add_option("--threads", a.threads, "threads (default: all cores)");
+  app.add_option("--quantize", a.quantize, "weights in memory: none (as stored) or int8 (weight-only, per-block scales)")
+      ->check(CLI::IsMember({"none", "int8"}));
+  app.add_flag("--lm-head-int8", a.lm_head_int8, "with --quantize int8, quantize the LM head too");
   app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too");
   app.add_flag("--no-stream", a.no_stream, "-p: print the answer at the end instead of streaming it");
   try {
@@ -210,7 +214,10 @@ int main(int argc, char** argv) {
   try {
     if (a.jsonl.empty() && a.prompts.empty()) throw opt::input_error("give -p PROMPT or --jsonl FILE|-");
     Clock::time_point t0 = Clock::now();
-    opt::Model model = opt::Model::load(a.model);
+    opt::LoadOptions lo;
+    lo.quantize = a.quantize == "int8" ? opt::quantization::int8 : opt::quantization::none;
+    lo.lm_head_int8 = a.lm_head_int8;
+    opt::Model model = opt::Model::load(a.model, lo);
     std::optional<opt::Tokenizer> tok = load_tokenizer(a);
     const double load_s = seconds(t0, Clock::now());
     return a.jsonl.empty() ? run_prompts(a, model, tok, load_s) : run_jsonl(a, model, tok, load_s);
