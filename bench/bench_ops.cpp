@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "../tests/stored_weights.hpp"
+
 namespace {
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -22,32 +24,9 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-// A weight matrix in the requested storage (F32, F16, BF16 or I8 + scales), and its f32 values as stored.
-struct Weights {
-  opt::MatrixRef ref;
-  std::vector<float> f32;       // the values the kernel sees (after rounding/quantization)
-  std::vector<uint16_t> h16;
-  opt::QuantizedMatrix q8;
-};
-
+using Weights = opt_test::StoredWeights;
 Weights make_weights(opt::dtype t, int64_t rows, int64_t cols, uint32_t seed) {
-  Weights w;
-  w.f32 = randn(size_t(rows * cols), seed, 0.02f);
-  if (t == opt::dtype::F32) {
-    w.ref = {t, w.f32.data(), rows, cols};
-  } else if (t == opt::dtype::I8) {
-    w.q8 = opt::quantize_int8({opt::dtype::F32, w.f32.data(), rows, cols});
-    w.ref = w.q8.ref();
-    for (int64_t r = 0; r < rows; ++r) opt::ops::row_to_f32(w.ref, r, w.f32.data() + r * cols);
-  } else {
-    w.h16.resize(w.f32.size());
-    for (size_t i = 0; i < w.f32.size(); ++i) {
-      w.h16[i] = t == opt::dtype::F16 ? opt::detail::f32_to_f16(w.f32[i]) : opt::detail::f32_to_bf16(w.f32[i]);
-      w.f32[i] = t == opt::dtype::F16 ? opt::detail::f16_to_f32(w.h16[i]) : opt::detail::bf16_to_f32(w.h16[i]);
-    }
-    w.ref = {t, w.h16.data(), rows, cols};
-  }
-  return w;
+  return opt_test::store_weights(t, rows, cols, randn(size_t(rows * cols), seed, 0.02f));
 }
 
 // max |got - want| <= 4 * K * eps * max|x| * max|w| (+ the bias scale): the bound of a length-K f32 dot product.

@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "stored_weights.hpp"
+
 namespace {
 
 std::vector<float> randu(size_t n, uint32_t seed, float a = 1.0f) {
@@ -28,30 +30,9 @@ float maxabs(const std::vector<float>& v) {
 constexpr double kEps = 1.1920929e-7;
 
 // Weights of a given storage type plus the f32 values they hold.
-struct W {
-  opt::MatrixRef m;
-  std::vector<float> f32;
-  std::vector<uint16_t> h;
-  opt::QuantizedMatrix q;
-};
+using W = opt_test::StoredWeights;
 W make(opt::dtype t, int64_t rows, int64_t cols, uint32_t seed) {
-  W w;
-  w.f32 = randu(size_t(rows * cols), seed);
-  if (t == opt::dtype::F32) {
-    w.m = {t, w.f32.data(), rows, cols};
-  } else if (t == opt::dtype::I8) {
-    w.q = opt::quantize_int8({opt::dtype::F32, w.f32.data(), rows, cols});
-    w.m = w.q.ref();
-    for (int64_t r = 0; r < rows; ++r) opt::ops::row_to_f32(w.m, r, w.f32.data() + r * cols);
-  } else {
-    w.h.resize(w.f32.size());
-    for (size_t i = 0; i < w.h.size(); ++i) {
-      w.h[i] = t == opt::dtype::F16 ? opt::detail::f32_to_f16(w.f32[i]) : opt::detail::f32_to_bf16(w.f32[i]);
-      w.f32[i] = t == opt::dtype::F16 ? opt::detail::f16_to_f32(w.h[i]) : opt::detail::bf16_to_f32(w.h[i]);
-    }
-    w.m = {t, w.h.data(), rows, cols};
-  }
-  return w;
+  return opt_test::store_weights(t, rows, cols, randu(size_t(rows * cols), seed));
 }
 
 }  // namespace
@@ -66,7 +47,7 @@ TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, til
           W w = make(t, R, K, uint32_t(K * 1000 + R));
           std::vector<float> x = randu(size_t(n * K), uint32_t(n + 7)), b = randu(size_t(R), 3);
           std::vector<float> got(size_t(n * R)), want(size_t(n * R)), one(static_cast<size_t>(R)), g3(static_cast<size_t>(n * R));
-          opt::ops::linear(pool2, x.data(), n, w.m, b.data(), got.data());
+          opt::ops::linear(pool2, x.data(), n, w.ref, b.data(), got.data());
           opt::ref::linear(x.data(), n, opt::dtype::F32, w.f32.data(), R, K, b.data(), want.data());
           const double tol = 2.0 * double(K + 16) * kEps * maxabs(x) * maxabs(w.f32) + 2 * kEps * maxabs(b);
           double worst = 0;
@@ -75,12 +56,12 @@ TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, til
           // batch invariance: each row alone gives the same bits as in the batch (tile path vs GEMV path)
           bool same = true;
           for (int64_t i = 0; i < n; ++i) {
-            opt::ops::linear(pool2, x.data() + i * K, 1, w.m, b.data(), one.data());
+            opt::ops::linear(pool2, x.data() + i * K, 1, w.ref, b.data(), one.data());
             same = same && std::equal(one.begin(), one.end(), got.begin() + i * R);
           }
           CHECK(same);
           // thread-count invariance
-          opt::ops::linear(pool3, x.data(), n, w.m, b.data(), g3.data());
+          opt::ops::linear(pool3, x.data(), n, w.ref, b.data(), g3.data());
           CHECK(g3 == got);
         }
 }
@@ -96,11 +77,11 @@ TEST_CASE("fused segments and epilogues equal the separate ops") {
   e1.has_scale = true, e1.scale = 0.125f, e1.has_act = true, e1.act = opt::activation::gelu;
   opt::ops::Epilogue e2;
   e2.residual = true;
-  const opt::ops::LinearSeg segs[2] = {{a.m, b1.data(), y1.data(), R1, e1}, {c.m, b2.data(), y2.data(), R2, e2}};
+  const opt::ops::LinearSeg segs[2] = {{a.ref, b1.data(), y1.data(), R1, e1}, {c.ref, b2.data(), y2.data(), R2, e2}};
   opt::ops::linear_multi(pool, x.data(), n, segs, 2);
-  opt::ops::linear(pool, x.data(), n, a.m, b1.data(), r1.data());
+  opt::ops::linear(pool, x.data(), n, a.ref, b1.data(), r1.data());
   for (auto& v : r1) v = opt::ops::activate(opt::activation::gelu, v * 0.125f);
-  opt::ops::linear(pool, x.data(), n, c.m, b2.data(), r2.data());
+  opt::ops::linear(pool, x.data(), n, c.ref, b2.data(), r2.data());
   for (size_t i = 0; i < r2.size(); ++i) r2[i] = y2_old[i] + r2[i];
   CHECK(y1 == r1);
   CHECK(y2 == r2);

@@ -1,0 +1,39 @@
+// A weight matrix in a given storage (F32, F16, BF16, or I8 with scales) built from f32 values, plus the f32 values
+// the kernels actually see after rounding or quantization. Shared by tests/test_ops.cpp and bench/bench_ops.cpp.
+#pragma once
+#include <cstdint>
+#include <opt/detail/fp16.hpp>
+#include <opt/ops.hpp>
+#include <opt/quantize.hpp>
+#include <vector>
+
+namespace opt_test {
+
+struct StoredWeights {
+  opt::MatrixRef ref;
+  std::vector<float> f32;  // the values the kernel sees (after rounding/quantization)
+  std::vector<uint16_t> h16;
+  opt::QuantizedMatrix q8;
+};
+
+inline StoredWeights store_weights(opt::dtype t, int64_t rows, int64_t cols, std::vector<float> values) {
+  StoredWeights w;
+  w.f32 = std::move(values);
+  if (t == opt::dtype::F32) {
+    w.ref = {t, w.f32.data(), rows, cols};
+  } else if (t == opt::dtype::I8) {
+    w.q8 = opt::quantize_int8({opt::dtype::F32, w.f32.data(), rows, cols});
+    w.ref = w.q8.ref();
+    for (int64_t r = 0; r < rows; ++r) opt::ops::row_to_f32(w.ref, r, w.f32.data() + r * cols);
+  } else {
+    w.h16.resize(w.f32.size());
+    for (size_t i = 0; i < w.f32.size(); ++i) {
+      w.h16[i] = t == opt::dtype::F16 ? opt::detail::f32_to_f16(w.f32[i]) : opt::detail::f32_to_bf16(w.f32[i]);
+      w.f32[i] = t == opt::dtype::F16 ? opt::detail::f16_to_f32(w.h16[i]) : opt::detail::bf16_to_f32(w.h16[i]);
+    }
+    w.ref = {t, w.h16.data(), rows, cols};
+  }
+  return w;
+}
+
+}  // namespace opt_test
