@@ -45,10 +45,12 @@
 #include <vector>
 
 #include "opt_serve_page.hpp"
+#include "opt_serve_request.hpp"
 
 namespace {
 
 using json = nlohmann::json;
+using namespace opt_serve;
 using Clock = std::chrono::steady_clock;
 
 struct ServerOptions {
@@ -63,24 +65,6 @@ struct ServerOptions {
 
 // ---- errors -----------------------------------------------------------------------------------------------------
 
-// A request the server refuses, with its HTTP status and OpenAI-style type.
-struct ApiError {
-  int status;
-  std::string message, type, param, code;
-};
-
-ApiError bad_request(std::string message, std::string param = "") {
-  return {400, std::move(message), "invalid_request_error", std::move(param), ""};
-}
-
-std::string error_body(const ApiError& e) {
-  json err = {{"message", e.message},
-              {"type", e.type},
-              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
-              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
-  return json{{"error", err}}.dump();
-}
-
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
@@ -88,33 +72,6 @@ void send_error(httplib::Response& res, const ApiError& e) {
 }
 
 // ---- requests and the scheduler ------------------------------------------------------------------------------------
-
-// One prompt of a request: what the scheduler runs, and what it hands back.
-struct Choice {
-  // set by the HTTP thread before submission, then read-only
-  std::vector<int32_t> prompt;
-  opt::SequenceOptions opts;
-  std::vector<std::string> stop;
-  // the scheduler's alone
-  std::unique_ptr<opt::TextStream> stream;
-  // guarded by Request::m
-  std::vector<std::string> out;    // pieces of text (one per token that completed some) not yet streamed
-  std::string completion;          // the whole completion so far
-  std::vector<int32_t> tokens;     // prompt + new ids, when done
-  size_t completion_tokens = 0;
-  bool done = false;
-  std::string finish_reason;       // "stop" or "length" (or "cancelled")
-};
-
-// One HTTP request: one or more choices, run as independent sequences.
-struct Request {
-  std::vector<Choice> choices;
-  std::atomic<bool> cancelled{false};  // the client went away
-  std::mutex m;
-  std::condition_variable cv;
-  size_t remaining = 0;  // choices not done (guarded by m)
-  std::string failure;   // set when the server gave up on the request (shutdown, internal error)
-};
 
 class Scheduler {
  public:
@@ -333,108 +290,16 @@ class Scheduler {
       cache_bytes_{0};
 };
 
-// ---- request parsing ------------------------------------------------------------------------------------------
+// ---- the server: model, tokenizer, scheduler, request parser -------------------------------------------------
 
 struct Server {
   ServerOptions o;
   opt::Model model;
   opt::Tokenizer tok;
   std::unique_ptr<Scheduler> sched;
-  std::atomic<uint64_t> next_id{1};
-  uint64_t seed_base = std::random_device{}();
+  std::unique_ptr<RequestParser> parser;  // request bodies -> sequences (opt_serve_request.hpp)
   int64_t context() const { return model.config().max_position_embeddings; }
-  int64_t max_tokens_limit() const {
-    return o.max_tokens_limit > 0 ? std::min(o.max_tokens_limit, context()) : context();
-  }
 };
-
-json parse_body(const httplib::Request& req) {
-  if (req.body.empty()) throw bad_request("the request body is empty; expected a JSON object");
-  json j = json::parse(req.body, nullptr, false);
-  if (j.is_discarded()) throw bad_request("the request body is not valid JSON");
-  if (!j.is_object()) throw bad_request("the request body must be a JSON object");
-  return j;
-}
-
-// An integer field within [lo, hi]; `def` when absent or null.
-int64_t get_int(const json& j, const char* key, int64_t def, int64_t lo, int64_t hi) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return def;
-  double v = 0;
-  if (it->is_number_integer()) {
-    if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)) v = 1e300;
-    else v = double(it->get<int64_t>());
-  } else if (it->is_number_float() && std::isfinite(it->get<double>()) &&
-             it->get<double>() == std::floor(it->get<double>())) {
-    v = it->get<double>();
-  } else {
-    throw bad_request(std::string("'") + key + "' must be an integer, got " + it->dump(), key);
-  }
-  if (v < double(lo) || v > double(hi))
-    throw bad_request(std::string("'") + key + "' = " + it->dump() + " is out of range [" + std::to_string(lo) + ", " +
-                          std::to_string(hi) + "]",
-                      key);
-  return int64_t(v);
-}
-
-double get_number(const json& j, const char* key, double def, double lo, double hi, bool lo_open = false) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return def;
-  if (!it->is_number()) throw bad_request(std::string("'") + key + "' must be a number, got " + it->dump(), key);
-  const double v = it->get<double>();
-  if (!std::isfinite(v) || v < lo || v > hi || (lo_open && v == lo))
-    throw bad_request(std::string("'") + key + "' = " + it->dump() + " is out of range " + (lo_open ? "(" : "[") +
-                          std::to_string(lo) + ", " + std::to_string(hi) + "]",
-                      key);
-  return v;
-}
-
-bool get_bool(const json& j, const char* key, bool def) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return def;
-  if (!it->is_boolean()) throw bad_request(std::string("'") + key + "' must be true or false, got " + it->dump(), key);
-  return it->get<bool>();
-}
-
-// Prompt ids from a text or from ids given by the client.
-std::vector<int32_t> prompt_ids(const Server& s, const json& p, const char* param) {
-  std::vector<int32_t> ids;
-  if (p.is_string()) {
-    ids = s.tok.encode(p.get<std::string>(), true);
-  } else if (p.is_array()) {
-    const int64_t V = s.model.config().vocab_size;
-    for (const json& v : p) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= V)
-        throw bad_request(std::string("'") + param + "': token ids must be integers in [0, " + std::to_string(V) +
-                              "), got " + v.dump(),
-                          param);
-      ids.push_back(int32_t(v.get<int64_t>()));
-    }
-    if (ids.empty()) throw bad_request(std::string("'") + param + "': an empty list of token ids", param);
-  } else {
-    throw bad_request(std::string("'") + param + "' must be a string or a list of token ids, got " + p.dump(), param);
-  }
-  return ids;
-}
-
-// Checks prompt + max_tokens against the context and sets the choice's token budget. An explicit max_tokens
-// that does not fit is an error; the default shrinks to what fits.
-void fit_context(const Server& s, Choice& c, int64_t max_tokens, bool explicit_max, const char* param) {
-  const int64_t ctx = s.context(), len = int64_t(c.prompt.size());
-  if (len >= ctx)
-    throw bad_request("this model's maximum context length is " + std::to_string(ctx) + " tokens; the prompt has " +
-                          std::to_string(len) + " tokens (with BOS), which leaves no room to generate",
-                      "prompt");
-  if (len + max_tokens > ctx) {
-    if (explicit_max)
-      throw bad_request("this model's maximum context length is " + std::to_string(ctx) + " tokens; the prompt has " +
-                            std::to_string(len) + " tokens (with BOS) and " + param + " is " +
-                            std::to_string(max_tokens) + ", " + std::to_string(len + max_tokens) + " in all",
-                        param);
-    max_tokens = ctx - len;
-  }
-  c.opts.max_new_tokens = max_tokens;
-}
 
 // Runs a request: queue it, or throw 429 when the queue is full.
 std::shared_ptr<Request> submit(Server& s, std::shared_ptr<Request> r) {
@@ -462,27 +327,7 @@ void wait_all(Server& s, Request& r) {
 // ---- POST /generate: the seed's contract ------------------------------------------------------------------------
 
 void handle_generate(Server& s, const httplib::Request& http, httplib::Response& res) {
-  json j = parse_body(http);
-  auto pit = j.find("prompts");
-  if (pit == j.end() || !pit->is_array())
-    throw bad_request("'prompts' must be a list of strings", "prompts");
-  if (pit->empty()) throw bad_request("'prompts' is empty", "prompts");
-  if (pit->size() > s.o.max_prompts)
-    throw bad_request("'prompts' has " + std::to_string(pit->size()) + " prompts; at most " +
-                          std::to_string(s.o.max_prompts) + " per request",
-                      "prompts");
-  const bool explicit_max = j.contains("max_new_tokens") && !j["max_new_tokens"].is_null();
-  const int64_t max_new = get_int(j, "max_new_tokens", 50, 0, s.max_tokens_limit());
-  auto r = std::make_shared<Request>();
-  r->choices.resize(pit->size());
-  for (size_t i = 0; i < pit->size(); ++i) {
-    const json& p = (*pit)[i];
-    if (!p.is_string()) throw bad_request("'prompts' must be a list of strings, got " + p.dump(), "prompts");
-    Choice& c = r->choices[i];
-    c.prompt = s.tok.encode(p.get<std::string>(), true);
-    c.opts.stop_at_eos = true;  // greedy: default SamplingOptions
-    fit_context(s, c, max_new, explicit_max, "max_new_tokens");
-  }
+  auto r = s.parser->parse_generate(http.body);
   submit(s, r);
   wait_all(s, *r);
   // exactly batch_decode(sequences, skip_special_tokens=True); ids the tokenizer lacks decode to nothing
@@ -497,118 +342,6 @@ void handle_generate(Server& s, const httplib::Request& http, httplib::Response&
 }
 
 // ---- POST /v1/completions -------------------------------------------------------------------------------------
-
-struct CompletionRequest {
-  std::shared_ptr<Request> req;
-  std::vector<std::string> echo;  // per choice: the prompt text to prepend (echo = true)
-  bool stream = false, include_usage = false;
-  std::string id;
-  int64_t created = 0;
-};
-
-CompletionRequest parse_completion(Server& s, const json& j) {
-  CompletionRequest cr;
-  if (auto it = j.find("model"); it != j.end() && !it->is_string() && !it->is_null())
-    throw bad_request("'model' must be a string", "model");
-  if (get_int(j, "n", 1, INT64_MIN, INT64_MAX) != 1)
-    throw bad_request("only n = 1 is supported; send the prompt several times (with different seeds) instead", "n");
-  if (get_int(j, "best_of", 1, INT64_MIN, INT64_MAX) != 1) throw bad_request("only best_of = 1 is supported", "best_of");
-  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 0))
-    throw bad_request("logprobs are not supported", "logprobs");
-  if (auto it = j.find("suffix"); it != j.end() && !it->is_null()) throw bad_request("suffix is not supported", "suffix");
-  for (const char* k : {"presence_penalty", "frequency_penalty"})
-    if (get_number(j, k, 0.0, -2.0, 2.0) != 0.0) throw bad_request(std::string(k) + " is not supported", k);
-  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null() && !(it->is_object() && it->empty()))
-    throw bad_request("logit_bias is not supported", "logit_bias");
-
-  cr.stream = get_bool(j, "stream", false);
-  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
-    if (!it->is_object()) throw bad_request("'stream_options' must be an object", "stream_options");
-    if (!cr.stream) throw bad_request("'stream_options' is only allowed with stream = true", "stream_options");
-    cr.include_usage = get_bool(*it, "include_usage", false);
-  }
-  const bool echo = get_bool(j, "echo", false);
-
-  opt::SequenceOptions so;
-  so.stop_at_eos = true;
-  const double temperature = get_number(j, "temperature", 1.0, 0.0, 2.0);
-  so.sampling.temperature = float(temperature);
-  so.sampling.do_sample = temperature > 0;
-  so.sampling.top_p = float(get_number(j, "top_p", 1.0, 0.0, 1.0, true));
-  so.sampling.top_k = get_int(j, "top_k", 0, 0, s.model.config().vocab_size);
-  so.sampling.repetition_penalty = float(get_number(j, "repetition_penalty", 1.0, 0.0, 100.0, true));
-  const bool has_seed = j.contains("seed") && !j["seed"].is_null();
-  const int64_t seed = get_int(j, "seed", 0, INT64_MIN, INT64_MAX);
-  try {
-    so.sampling.validate();
-  } catch (const opt::error& e) {
-    throw bad_request(e.what());
-  }
-
-  std::vector<std::string> stop;
-  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
-    if (it->is_string()) stop.push_back(it->get<std::string>());
-    else if (it->is_array()) {
-      if (it->size() > 4) throw bad_request("'stop' has " + std::to_string(it->size()) + " strings; at most 4", "stop");
-      for (const json& v : *it) {
-        if (!v.is_string()) throw bad_request("'stop' must be a string or a list of strings, got " + v.dump(), "stop");
-        stop.push_back(v.get<std::string>());
-      }
-    } else {
-      throw bad_request("'stop' must be a string or a list of strings, got " + it->dump(), "stop");
-    }
-    for (auto& st : stop)
-      if (st.empty() || st.size() > 256) throw bad_request("stop strings must have 1 to 256 bytes", "stop");
-  }
-
-  // prompt: "text", ["text", ...], [ids], [[ids], ...]
-  auto pit = j.find("prompt");
-  if (pit == j.end() || pit->is_null()) throw bad_request("'prompt' is required", "prompt");
-  std::vector<json> prompts;
-  if (pit->is_string()) prompts.push_back(*pit);
-  else if (pit->is_array()) {
-    if (pit->empty()) throw bad_request("'prompt' is an empty list", "prompt");
-    if ((*pit)[0].is_number()) prompts.push_back(*pit);  // one prompt as ids
-    else
-      for (const json& p : *pit) prompts.push_back(p);
-  } else {
-    throw bad_request("'prompt' must be a string, a list of strings, or token ids, got " + pit->dump(), "prompt");
-  }
-  if (prompts.size() > s.o.max_prompts)
-    throw bad_request("'prompt' has " + std::to_string(prompts.size()) + " prompts; at most " +
-                          std::to_string(s.o.max_prompts) + " per request",
-                      "prompt");
-  const bool explicit_max = j.contains("max_tokens") && !j["max_tokens"].is_null();
-  const int64_t max_tokens = get_int(j, "max_tokens", 16, 0, s.max_tokens_limit());
-
-  cr.req = std::make_shared<Request>();
-  cr.req->choices.resize(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Choice& c = cr.req->choices[i];
-    c.prompt = prompt_ids(s, prompts[i], "prompt");
-    c.opts = so;
-    // each choice its own random stream: the seed, or a fresh one; a given seed gives the same text alone or
-    // in any batch
-    c.opts.sampling.seed = has_seed ? uint64_t(seed) + i : s.seed_base + s.next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull;
-    c.stop = stop;
-    fit_context(s, c, max_tokens, explicit_max, "max_tokens");
-    if (echo) {
-      std::vector<int32_t> known;
-      for (int32_t id : c.prompt)
-        if (id >= 0 && size_t(id) < s.tok.vocab_size()) known.push_back(id);
-      opt::DecodeOptions d;
-      d.skip_special_tokens = true;
-      d.clean_up_tokenization_spaces = false;
-      cr.echo.push_back(prompts[i].is_string() ? prompts[i].get<std::string>() : s.tok.decode(known, d));
-    } else {
-      cr.echo.emplace_back();
-    }
-  }
-  cr.id = "cmpl-" + std::to_string(s.seed_base % 1000000) + "-" + std::to_string(s.next_id.fetch_add(1));
-  cr.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-                   .count();
-  return cr;
-}
 
 json usage_of(const Request& r) {
   size_t p = 0, c = 0;
@@ -625,8 +358,7 @@ json chunk_json(const Server& s, const CompletionRequest& cr, json choices) {
 }
 
 void handle_completions(Server& s, const httplib::Request& http, httplib::Response& res) {
-  const json j = parse_body(http);
-  auto cr = std::make_shared<CompletionRequest>(parse_completion(s, j));
+  auto cr = std::make_shared<CompletionRequest>(s.parser->parse_completion(http.body));
   submit(s, cr->req);
 
   if (!cr->stream) {
@@ -806,7 +538,13 @@ int main(int argc, char** argv) {
     if (o.model_name.empty()) o.model_name = fs::path(o.model_dir).lexically_normal().filename().string();
     if (o.model_name.empty()) o.model_name = fs::path(o.model_dir).lexically_normal().parent_path().filename().string();
     auto t0 = Clock::now();
-    s.reset(new Server{o, opt::Model::load(o.model_dir), opt::Tokenizer::from_dir(tdir), nullptr});
+    s.reset(new Server{o, opt::Model::load(o.model_dir), opt::Tokenizer::from_dir(tdir), nullptr, nullptr});
+    RequestRules rules;
+    rules.context = s->context();
+    rules.vocab_size = s->model.config().vocab_size;
+    rules.max_tokens_limit = o.max_tokens_limit;
+    rules.max_prompts = o.max_prompts;
+    s->parser = std::make_unique<RequestParser>(s->tok, rules, std::random_device{}());
     std::fprintf(stderr, "opt-serve: loaded %s in %.0f ms (context %lld, vocab %lld)\n", o.model_dir.c_str(),
                  std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
                  (long long)s->context(), (long long)s->model.config().vocab_size);

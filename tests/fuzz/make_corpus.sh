@@ -108,6 +108,21 @@ for i, s in enumerate(dict.fromkeys(strs)):
     if len(s.encode()) <= 4096: put("encode", "g%03d" % i, s.encode())
 for i, l in enumerate(lists[:60]):
     put("decode", "g%03d" % i, bytes([i % 4]) + b"".join(struct.pack("<I", v % 50280)[:3] for v in l))
+# serve_request: request bodies for both endpoints (fields, types and limits of examples/opt_serve_request.hpp)
+bodies = [
+    {"prompts": ["Hello, my dog is cute", "The capital of France is"], "max_new_tokens": 10},
+    {"prompts": ["a"]}, {"prompts": [], "max_new_tokens": 5}, {"prompts": ["x" * 300], "max_new_tokens": 60},
+    {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0},
+    {"prompt": ["one", "two"], "max_tokens": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 7},
+    {"prompt": [2, 31414, 232, 328], "max_tokens": 3, "echo": True, "stop": ["\n", "."]},
+    {"prompt": [[2, 100], [2, 200, 300]], "stream": True, "stream_options": {"include_usage": True}},
+    {"model": "opt", "prompt": "hi", "n": 1, "best_of": 1, "logprobs": 0, "presence_penalty": 0,
+     "frequency_penalty": 0, "logit_bias": {}, "repetition_penalty": 1.3, "stop": "the", "suffix": None},
+    {"prompt": "\u00e9\u4e2d\U0001F600 <s></s>", "max_tokens": 1.0, "seed": -9223372036854775808},
+    {"prompt": "x", "max_tokens": 18446744073709551615, "top_k": 1e300, "temperature": -0.0},
+]
+for i, b in enumerate(bodies): put("serve_request", "b%02d.json" % i, json.dumps(b, ensure_ascii=(i % 2 == 0)))
+put("serve_request", "not_object.json", "[1, 2]")
 # pytorch: the hub-style torch.save archive, and its data.pkl for the unpickler
 pt = os.path.join(fx, "opt-tiny-preln-hubstyle", "pytorch_model.bin")
 if os.path.exists(pt):

@@ -1,0 +1,106 @@
+// opt-serve's request parsing (examples/opt_serve_request.hpp), without HTTP: limits, defaults, errors, and the
+// replay of every input the fuzz target (tests/fuzz/fuzz_serve_request.cpp) ever found.
+#include <opt/tokenizer.hpp>
+
+#include "fuzz/serve_request_check.hpp"
+#include "shared.hpp"
+
+namespace {
+
+using opt_serve::ApiError;
+using opt_serve::RequestParser;
+using opt_serve::RequestRules;
+
+const opt::Tokenizer& tokenizer() {
+  static const opt::Tokenizer tok = opt::Tokenizer::from_files(opt_test::shared_dir() / "tokenizer" / "vocab.json",
+                                                              opt_test::shared_dir() / "tokenizer" / "merges.txt");
+  return tok;
+}
+
+// The ApiError a body gives, or a failed check.
+template <class F>
+ApiError error_of(F parse) {
+  try {
+    parse();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  FAIL("no ApiError");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("the fuzz target's findings keep the parsing promise") {
+  const RequestParser p(tokenizer(), RequestRules{64, 50272, 48, 4}, 12345);  // as in fuzz_serve_request.cpp
+  const auto dir = std::filesystem::path(OPT_SOURCE_DIR) / "tests" / "fuzz" / "regressions" / "serve_request";
+  REQUIRE(std::filesystem::is_directory(dir));
+  size_t n = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    INFO(f.path().string());
+    CHECK(opt_fuzz::check_serve_request(p, opt_test::read_text(f.path())) == "");
+    ++n;
+  }
+  CHECK(n > 0);
+}
+
+TEST_CASE("default token budgets respect the server's limit and the context") {
+  const RequestParser p(tokenizer(), RequestRules{64, 50272, 10, 4}, 1);
+  // regression (fuzz_serve_request): the defaults 50 and 16 went past --max-tokens-limit
+  CHECK(p.parse_generate(R"({"prompts": ["a"]})")->choices[0].opts.max_new_tokens == 10);
+  const RequestParser q(tokenizer(), RequestRules{64, 50272, 5, 4}, 1);
+  CHECK(q.parse_completion(R"({"prompt": "a"})").req->choices[0].opts.max_new_tokens == 5);
+  // without a limit: 50 and 16, shrunk to what the context leaves
+  const RequestParser r(tokenizer(), RequestRules{64, 50272, 0, 4}, 1);
+  CHECK(r.rules().max_tokens_limit == 64);
+  auto g = r.parse_generate(R"({"prompts": ["Hello"]})");  // </s> Hello: 2 tokens
+  CHECK(g->choices[0].prompt == std::vector<int32_t>{2, 31414});
+  CHECK(g->choices[0].opts.max_new_tokens == 50);
+  CHECK(r.parse_completion(R"({"prompt": "Hello"})").req->choices[0].opts.max_new_tokens == 16);
+  std::string ids = "[2";
+  for (int i = 0; i < 59; ++i) ids += ",100";
+  ids += "]";  // 60 tokens: 4 left
+  CHECK(r.parse_completion(R"({"prompt": )" + ids + "}").req->choices[0].opts.max_new_tokens == 4);
+  // an explicit budget that does not fit is an error
+  const ApiError e = error_of([&] { r.parse_completion(R"({"max_tokens": 5, "prompt": )" + ids + "}"); });
+  CHECK(e.status == 400);
+  CHECK(e.param == "max_tokens");
+  CHECK(e.message.find("maximum context length is 64") != std::string::npos);
+  CHECK(error_of([&] { p.parse_generate(R"({"prompts": ["a"], "max_new_tokens": 11})"); }).param == "max_new_tokens");
+}
+
+TEST_CASE("bad fields name themselves") {
+  const RequestParser p(tokenizer(), RequestRules{64, 50272, 48, 4}, 1);
+  CHECK(error_of([&] { p.parse_completion(""); }).message.find("empty") != std::string::npos);
+  CHECK(error_of([&] { p.parse_completion("[1]"); }).message.find("JSON object") != std::string::npos);
+  CHECK(error_of([&] { p.parse_completion("{"); }).message.find("not valid JSON") != std::string::npos);
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": [2, 50272]})"); }).message.find("[0, 50272)") !=
+        std::string::npos);
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": [2, 18446744073709551615]})"); }).param == "prompt");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": ["a","b","c","d","e"]})"); }).message.find("at most 4") !=
+        std::string::npos);
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "top_p": 0})"); }).param == "top_p");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "stop": ["a","b","c","d","e"]})"); }).param == "stop");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "stop": ""})"); }).param == "stop");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "n": 2})"); }).param == "n");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "max_tokens": 2.5})"); }).param == "max_tokens");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "stream_options": {}})"); }).param == "stream_options");
+  // integers as doubles: 3.0 is 3; 2^63 and beyond are out of range (casting them would be undefined behaviour)
+  CHECK(p.parse_completion(R"({"prompt": "a", "max_tokens": 3.0})").req->choices[0].opts.max_new_tokens == 3);
+  for (const char* seed : {"9223372036854775808.0", "1e300", "-1e300", "18446744073709551616"})
+    CHECK(error_of([&] { p.parse_completion(std::string(R"({"prompt": "a", "seed": )") + seed + "}"); }).param ==
+          "seed");
+  CHECK(p.parse_completion(R"({"prompt": "a", "seed": -9223372036854775808})").req->choices[0].opts.sampling.seed ==
+        uint64_t(1) << 63);
+}
+
+TEST_CASE("a seed gives each choice its own stream; echo returns the prompt") {
+  const RequestParser p(tokenizer(), RequestRules{64, 50272, 48, 4}, 1);
+  auto cr = p.parse_completion(R"({"prompt": ["a", [2, 31414]], "seed": 7, "echo": true, "stop": "x"})");
+  REQUIRE(cr.req->choices.size() == 2);
+  CHECK(cr.req->choices[0].opts.sampling.seed == 7);
+  CHECK(cr.req->choices[1].opts.sampling.seed == 8);
+  CHECK(cr.echo == std::vector<std::string>{"a", "Hello"});
+  CHECK(cr.req->choices[1].stop == std::vector<std::string>{"x"});
+  CHECK(opt_serve::error_body(opt_serve::bad_request(std::string("bad \xff byte"))).find("bad") != std::string::npos);
+}
