@@ -44,8 +44,9 @@ for m in models:
         size = {"F32": 4, "F16": 2, "BF16": 2}.get(v["dtype"], 4)
         ts[-1] = (k, v["dtype"], [len(ts[-1][3]) // size], ts[-1][3][: (len(ts[-1][3]) // size) * size])
     put("safetensors", m + ".safetensors", st_file(ts, hdr.get("__metadata__")))
-    # model: whole files that fit opt-tiny-preln's config (same shapes, any dtype / prefix)
-    if m in ("opt-tiny-preln", "opt-tiny-preln-fp16", "opt-tiny-preln-bf16", "opt-tiny-preln-hubstyle"):
+    # model: whole files that fit the configs fuzz_model tries (preln in every dtype and prefix, postln-proj, odd)
+    if m in ("opt-tiny-preln", "opt-tiny-preln-fp16", "opt-tiny-preln-bf16", "opt-tiny-preln-hubstyle",
+             "opt-tiny-postln-proj", "opt-tiny-odd"):
         put("model", m + ".safetensors", raw)
 put("safetensors", "empty.safetensors", st_file([]))
 put("safetensors", "dtypes.safetensors", st_file([(dt, dt, [2, 1], b"\x01" * (2 * sz)) for dt, sz in
