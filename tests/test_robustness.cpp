@@ -605,6 +605,38 @@ TEST_CASE("fuzz regression: tokenizer JSON that simdjson cannot start (empty, in
   }
 }
 
+TEST_CASE("fuzz regression: tokenizer files with JSON values of unexpected types are opt::errors") {
+  // fuzz_tokenizer_json: a pre_tokenizer whose "type" was a number threw nlohmann's type_error out of the library
+  // (tests/fuzz/regressions/tokenizer_json/ holds the original input).
+  const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "</s>": 1}, "merges": []})";
+  for (const char* pre : {R"({"type": 5})", R"({"type": null})", R"([1])", R"("ByteLevel")",
+                                 R"({"type": "Sequence", "pretokenizers": {"a": {"type": "ByteLevel"}}})",
+                                 R"({"type": "Sequence", "pretokenizers": [{"type": ["ByteLevel"]}]})"}) {
+    INFO(pre);
+    const std::string blob = "{" + model + R"(, "pre_tokenizer": )" + pre + "}";
+    CHECK_THROWS_AS(opt::Tokenizer::from_tokenizer_json(blob), opt::tokenizer_error);
+  }
+  const std::string ok = "{" + model + R"(, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": )";
+  CHECK_THROWS_AS(opt::Tokenizer::from_tokenizer_json(ok + R"({"type": 1.5}})"), opt::tokenizer_error);
+  CHECK(opt::Tokenizer::from_tokenizer_json(ok + "null}").encode("a") == std::vector<int32_t>{1, 0});
+
+  // fuzz_tokenizer_config: the same in tokenizer_config.json / special_tokens_map.json
+  const std::string vocab = R"({"a": 0, "</s>": 1, "<pad>": 2})", merges = "#version: 0.2\n";
+  auto with_config = [&](const std::string& cfg) { return opt::Tokenizer::from_blobs(vocab, merges, cfg); };
+  // an id key beyond int32 wrapped silently (4294967298 became id 2): now a format_error
+  CHECK_THROWS_AS(with_config(R"({"added_tokens_decoder": {"4294967298": {"content": "x"}}})"), opt::format_error);
+  CHECK_THROWS_AS(with_config(R"({"added_tokens_decoder": {"-1": {"content": "x"}}})"), opt::format_error);
+  CHECK_THROWS_AS(with_config(R"({"added_tokens_decoder": {"2": {"content": "<pad>", "special": "yes"}}})"),
+                  opt::format_error);
+  CHECK_THROWS_AS(with_config(R"({"added_tokens_decoder": {"2": "<pad>"}})"), opt::format_error);
+  CHECK_THROWS_AS(with_config(R"({"bos_token": {"content": 5}})"), opt::format_error);
+  CHECK_THROWS_AS(with_config(R"([1, 2])"), opt::format_error);
+  // entries of additional_special_tokens that are not strings are skipped, as before for non-objects
+  CHECK(with_config(R"({"additional_special_tokens": [{"content": 5}, 7, "</s>"]})").encode("a") ==
+        std::vector<int32_t>{1, 0});
+  CHECK(opt::Tokenizer::from_blobs(vocab, merges, "", R"({"pad_token": "<pad>"})").pad_token_id() == 2);
+}
+
 TEST_CASE("regression: overlapping tensors around an empty one are found") {
   // Only neighbours were compared after sorting by begin: A=[0,16) and C=[8,12) with an empty B=[4,4) between
   // them passed.

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <simdjson.h>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -368,7 +369,16 @@ class tokenizer_builder {
   }
 
   // ---- tokenizer_config.json / special_tokens_map.json ------------------------------------------------------
+  // Any JSON value of any type in these files gives an opt::error: a type nlohmann rejects becomes a format_error.
   void apply_config(std::string_view blob, const std::string& source) {
+    try {
+      apply_config_json(blob, source);
+    } catch (const nlohmann::json::exception& e) {
+      throw format_error(source + ": " + e.what());
+    }
+  }
+
+  void apply_config_json(std::string_view blob, const std::string& source) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(blob);
@@ -398,7 +408,10 @@ class tokenizer_builder {
       for (const auto& [k, t] : j["added_tokens_decoder"].items()) {
         added_token a;
         try {
-          a.id = static_cast<int32_t>(std::stol(k));
+          // the key is the id: digits only, within the ids a tokenizer may have (no silent wrap to int32)
+          if (k.empty() || k.size() > 9 || k.find_first_not_of("0123456789") != std::string::npos)
+            throw std::invalid_argument("expected a token id (decimal digits, at most " + std::to_string(kMaxId) + ")");
+          a.id = static_cast<int32_t>(std::stoll(k));
           a.content = t.at("content").get<std::string>();
           a.special = t.value("special", false);
           a.lstrip = t.value("lstrip", false);
@@ -426,7 +439,8 @@ class tokenizer_builder {
     if (j.contains("additional_special_tokens") && j["additional_special_tokens"].is_array()) {
       for (const auto& v : j["additional_special_tokens"]) {
         if (v.is_string()) extra_special_.push_back(v.get<std::string>());
-        else if (v.is_object() && v.contains("content")) extra_special_.push_back(v["content"].get<std::string>());
+        else if (v.is_object() && v.contains("content") && v["content"].is_string())
+          extra_special_.push_back(v["content"].get<std::string>());
       }
     }
   }
@@ -553,13 +567,17 @@ class tokenizer_builder {
   }
 
   static void check_byte_level(const nlohmann::json& j, const std::string& source, const char* what) {
-    auto is_byte_level = [](const nlohmann::json& x) {
-      return x.is_object() && x.value("type", std::string()) == "ByteLevel";
+    // "type" of an object, "" for anything else (a fuzzed file may hold any JSON value anywhere)
+    auto type_of = [](const nlohmann::json& x) -> std::string {
+      if (!x.is_object()) return "";
+      auto it = x.find("type");
+      return it != x.end() && it->is_string() ? it->get<std::string>() : std::string();
     };
+    auto is_byte_level = [&](const nlohmann::json& x) { return type_of(x) == "ByteLevel"; };
     bool ok = is_byte_level(j);
-    if (!ok && j.is_object() && j.value("type", std::string()) == "Sequence") {
+    if (!ok && type_of(j) == "Sequence") {
       const char* list = std::string(what) == "decoder" ? "decoders" : "pretokenizers";
-      ok = j.contains(list) && j[list].size() == 1 && is_byte_level(j[list][0]);
+      ok = j.contains(list) && j[list].is_array() && j[list].size() == 1 && is_byte_level(j[list][0]);
     }
     if (!ok)
       throw tokenizer_error(source + ": " + what + " " + j.dump().substr(0, 80) +
@@ -655,6 +673,18 @@ class Tokenizer {
     detail::tokenizer_builder b;
     b.parse_vocab_json(vocab_json, "vocab.json");
     b.parse_merges_txt(merges_txt, "merges.txt");
+    return Tokenizer(b.build());
+  }
+
+  // The same, then the contents of tokenizer_config.json and special_tokens_map.json (an empty view: no such
+  // file), applied in that order as from_dir does.
+  static Tokenizer from_blobs(std::string_view vocab_json, std::string_view merges_txt,
+                              std::string_view tokenizer_config_json, std::string_view special_tokens_map_json = {}) {
+    detail::tokenizer_builder b;
+    b.parse_vocab_json(vocab_json, "vocab.json");
+    b.parse_merges_txt(merges_txt, "merges.txt");
+    if (!tokenizer_config_json.empty()) b.apply_config(tokenizer_config_json, "tokenizer_config.json");
+    if (!special_tokens_map_json.empty()) b.apply_config(special_tokens_map_json, "special_tokens_map.json");
     return Tokenizer(b.build());
   }
 

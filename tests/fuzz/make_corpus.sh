@@ -109,6 +109,15 @@ for i, s in enumerate(dict.fromkeys(strs)):
     if len(s.encode()) <= 4096: put("encode", "g%03d" % i, s.encode())
 for i, l in enumerate(lists[:60]):
     put("decode", "g%03d" % i, bytes([i % 4]) + b"".join(struct.pack("<I", v % 50280)[:3] for v in l))
+# tokenizer_config: tokenizer_config.json NUL special_tokens_map.json (the real OPT config from the goldens)
+tc = g["tokenizer"]["tokenizer_config"]
+put("tokenizer_config", "opt.json", json.dumps(tc))
+put("tokenizer_config", "opt_with_map.json", json.dumps(tc).encode() + b"\0" + json.dumps(
+    {"bos_token": "</s>", "eos_token": "</s>", "unk_token": "</s>", "pad_token": "<pad>"}).encode())
+put("tokenizer_config", "fields.json", json.dumps({"add_bos_token": False, "add_prefix_space": True,
+    "added_tokens_decoder": {"1": {"content": "<pad>", "special": True, "lstrip": False, "rstrip": False},
+                             "16": {"content": "<new>", "special": False, "lstrip": True, "rstrip": True}},
+    "bos_token": {"content": "<s>"}, "pad_token": None, "additional_special_tokens": ["<x>", {"content": "<y>"}]}))
 # serve_request: request bodies for both endpoints (fields, types and limits of examples/opt_serve_request.hpp)
 bodies = [
     {"prompts": ["Hello, my dog is cute", "The capital of France is"], "max_new_tokens": 10},
