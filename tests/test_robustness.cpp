@@ -587,8 +587,16 @@ TEST_CASE("limits: header size and tensor count caps are limit_errors; prompts l
   std::vector<int32_t> fits(size_t(ctx - 2), 4);
   o.max_new_tokens = 3;
   CHECK_THROWS_AS(opt::generate_ids(m, {fits}, o), opt::input_error);
-  // (Not tested: max_new_tokens near INT64_MAX overflows `len + max_new_tokens` in generate_ids / Batch::add,
-  // signed-overflow UB that UBSan reports; see the robustness notes of issue 7.)
+  // max_new_tokens near INT64_MAX: an input_error, with no overflow of prompt + max_new_tokens on the way (the
+  // sanitizer build runs this)
+  for (int64_t n : {INT64_MAX, INT64_MAX - 1, int64_t(1) << 62}) {
+    o.max_new_tokens = n;
+    CHECK_THROWS_AS(opt::generate_ids(m, {fits}, o), opt::input_error);
+    opt::Batch b(m, 1);
+    opt::SequenceOptions so;
+    so.max_new_tokens = n;
+    CHECK_THROWS_AS(b.add(fits, so), opt::input_error);
+  }
   // The KvCache for a sequence is sized by the model's context, never by a caller's max_new_tokens.
   CHECK_THROWS_AS((void)opt::KvCache(m.config(), ctx + 1), opt::input_error);
 }
