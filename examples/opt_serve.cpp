@@ -78,7 +78,7 @@ class Scheduler {
   Scheduler(const opt::Model& model, const opt::Tokenizer& tok, const ServerOptions& o)
       : tok_(tok), opts_(o), batch_(model, o.threads) {
     dopts_.skip_special_tokens = true;
-    dopts_.clean_up_tokenization_spaces = true;
+    // clean_up_tokenization_spaces: the tokenizer's default, as batch_decode
   }
 
   void start() { thread_ = std::thread([this] { run(); }); }

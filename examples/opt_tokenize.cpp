@@ -59,7 +59,7 @@ int run(const std::string& dir, const std::string& path, bool no_bos, bool decod
   std::istream& in = from_stdin ? std::cin : file;
   opt::DecodeOptions dopts;
   dopts.skip_special_tokens = !keep_special;
-  dopts.clean_up_tokenization_spaces = !no_cleanup;
+  if (no_cleanup) dopts.clean_up_tokenization_spaces = false;  // else the tokenizer's default (tokenizer_config.json)
   std::string line;
   size_t line_no = 0;
   while (std::getline(in, line)) {

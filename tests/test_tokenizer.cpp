@@ -353,6 +353,28 @@ TEST_CASE("tokenizer: from_dir reads tokenizer_config.json and special_tokens_ma
   CHECK(tok2.encode("x<|new|>") == std::vector<int32_t>{3023, 50265});  // prefix space: " x"
 }
 
+TEST_CASE("tokenizer: tokenizer_config.json's clean_up_tokenization_spaces is decode's default") {
+  const std::string vocab = opt_test::read_text(tok_dir() / "vocab.json");
+  const std::string merges = opt_test::read_text(tok_dir() / "merges.txt");
+  const opt::Tokenizer opt_default = opt::Tokenizer::from_blobs(vocab, merges);
+  const opt::Tokenizer off = opt::Tokenizer::from_blobs(vocab, merges, R"({"clean_up_tokenization_spaces": false})");
+  CHECK(opt_default.clean_up_tokenization_spaces());
+  CHECK_FALSE(off.clean_up_tokenization_spaces());
+  const std::vector<int32_t> ids = opt_default.encode("Hello . I do n't know ,", false);
+  CHECK(opt_default.decode(ids) == "Hello. I don't know,");  // as transformers 4.36 without the key
+  CHECK(off.decode(ids) == "Hello . I do n't know ,");
+  opt::DecodeOptions on;
+  on.clean_up_tokenization_spaces = true;  // an explicit option wins over the file
+  CHECK(off.decode(ids, on) == "Hello. I don't know,");
+  // the streaming decoder follows the same default
+  opt::StreamDecoder sd(off);
+  std::string streamed;
+  for (int32_t id : ids) streamed += sd.push(id);
+  CHECK(streamed + sd.flush() == "Hello . I do n't know ,");
+  CHECK_THROWS_AS(opt::Tokenizer::from_blobs(vocab, merges, R"({"clean_up_tokenization_spaces": "no"})"),
+                  opt::format_error);
+}
+
 TEST_CASE("tokenizer: pre-tokenizer pieces follow Python's regex") {
   using v = std::vector<std::string>;
   CHECK(pieces("Hello world") == v{"Hello", " world"});

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <string>
 #include <vector>
@@ -34,7 +35,7 @@ struct GenerateOptions {
   std::vector<std::string> stop;      // stop strings: the text ends before the first one; it is never emitted
   bool return_full_text = true;       // texts start with their prompt (batch_decode of the whole sequence)
   bool skip_special_tokens = true;    // as the seed's batch_decode(skip_special_tokens=True)
-  bool clean_up_tokenization_spaces = true;  // transformers 4.36's default
+  std::optional<bool> clean_up_tokenization_spaces;  // unset: the tokenizer's (true for OPT, as transformers)
   size_t max_prompt_tokens = 0;       // > 0: prompts longer than this keep their first ids (HF truncation)
   // Streaming: called with each new token and the text it completes (always whole UTF-8, possibly empty while
   // a character or a possible stop string is incomplete); at the end of a row, once more with id -1 and the
@@ -257,7 +258,7 @@ inline GenerateResult generate(const Model& model, const Tokenizer& tok, const s
       DecodeOptions raw = dopts;
       raw.clean_up_tokenization_spaces = false;
       std::string full = tok.decode(known(ids[b]), raw) + ts.text();
-      r.texts[b] = dopts.clean_up_tokenization_spaces ? detail::clean_up_tokenization(std::move(full)) : full;
+      r.texts[b] = tok.clean_up(dopts) ? detail::clean_up_tokenization(std::move(full)) : full;
     }
   }
   return r;

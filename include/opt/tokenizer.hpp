@@ -61,7 +61,9 @@ struct BatchEncoding {
 
 struct DecodeOptions {
   bool skip_special_tokens = false;          // HF default; removes bos/eos/unk/pad (for OPT: ids 1 and 2 only)
-  bool clean_up_tokenization_spaces = true;  // HF 4.36 default: " ." -> ".", " n't" -> "n't", ...
+  // " ." -> ".", " n't" -> "n't", ...; unset: the tokenizer's default (Tokenizer::clean_up_tokenization_spaces():
+  // tokenizer_config.json's "clean_up_tokenization_spaces", else true as in transformers 4.36)
+  std::optional<bool> clean_up_tokenization_spaces;
 };
 
 namespace detail {
@@ -130,6 +132,7 @@ struct tokenizer_data {
   int32_t bos = -1, eos = -1, unk = -1, pad = -1;
   std::vector<int32_t> prefix, suffix;  // added by encode(add_bos = true)
   enum class prefix_space { none, whole_text, each_chunk } add_prefix_space = prefix_space::none;
+  bool clean_up_default = true;      // tokenizer_config.json's clean_up_tokenization_spaces (HF 4.36: true)
 
   size_t size() const noexcept { return tokens.size(); }
   bool has(int32_t id) const noexcept { return id >= 0 && static_cast<size_t>(id) < tokens.size() && present[id]; }
@@ -399,6 +402,7 @@ class tokenizer_builder {
       add_bos = b;
     }
     if (add_bos) add_bos_token_ = *add_bos;
+    boolean("clean_up_tokenization_spaces", d_->clean_up_default);
     bool aps = false;
     if (j.contains("add_prefix_space")) {
       boolean("add_prefix_space", aps);
@@ -756,7 +760,7 @@ class Tokenizer {
     std::string text;
     text.reserve(raw.size() + 8);
     detail::utf8_repair_append(raw, true, text);
-    return opts.clean_up_tokenization_spaces ? detail::clean_up_tokenization(std::move(text)) : text;
+    return clean_up(opts) ? detail::clean_up_tokenization(std::move(text)) : text;
   }
 
   std::vector<std::string> decode_batch(const std::vector<std::vector<int32_t>>& batch,
@@ -791,6 +795,13 @@ class Tokenizer {
   std::string_view id_to_bytes(int32_t id) const {
     check_id(id, "id_to_bytes");
     return d_->bytes(id);
+  }
+
+  // Whether decode cleans up spaces when DecodeOptions leaves it unset: tokenizer_config.json's
+  // "clean_up_tokenization_spaces", true without one (transformers 4.36, facebook/opt-*).
+  bool clean_up_tokenization_spaces() const noexcept { return d_->clean_up_default; }
+  bool clean_up(const DecodeOptions& o) const noexcept {
+    return o.clean_up_tokenization_spaces.value_or(d_->clean_up_default);
   }
 
   // Empties the BPE cache (benchmarks of cold encoding).
@@ -871,7 +882,9 @@ class Tokenizer {
 // last 3 bytes are not spaces, because the cleanup rules (" .", " n't", ...) look at most 3 bytes past a space.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok, DecodeOptions opts = {}) : tok_(tok), opts_(opts) {}
+  explicit StreamDecoder(const Tokenizer& tok, DecodeOptions opts = {}) : tok_(tok), opts_(opts) {
+    opts_.clean_up_tokenization_spaces = tok.clean_up(opts);
+  }
 
   std::string push(int32_t id) {
     tok_.check_id(id, "StreamDecoder::push");
@@ -891,7 +904,7 @@ class StreamDecoder {
  private:
   std::string take(bool all) {
     size_t cut = text_.size();
-    if (opts_.clean_up_tokenization_spaces && !all) {
+    if (*opts_.clean_up_tokenization_spaces && !all) {
       // The cleanup rules start at a space and span at most 4 bytes, so a cut is safe when none of the 3 bytes
       // before it is a space. Bytes before text_ were emitted under the same rule and are never spaces.
       auto space_at = [&](size_t i, size_t back) { return i >= back && text_[i - back] == ' '; };
@@ -901,7 +914,7 @@ class StreamDecoder {
     }
     std::string piece = text_.substr(0, cut);
     text_.erase(0, cut);
-    return opts_.clean_up_tokenization_spaces ? detail::clean_up_tokenization(std::move(piece)) : piece;
+    return *opts_.clean_up_tokenization_spaces ? detail::clean_up_tokenization(std::move(piece)) : piece;
   }
 
   Tokenizer tok_;
