@@ -183,7 +183,7 @@ int run_jsonl(const Args& a, const opt::Model& model, const std::optional<opt::T
 int main(int argc, char** argv) {
   CLI::App app{"opt-generate: run an OPT model (greedy by default)"};
   Args a;
-  app.add_option("-m,--model", a.model, "model folder (config.json + model.safetensors)")->required();
+  app.add_option("-m,--model", a.model, "model folder (config.json + model.safetensors, or pytorch_model.bin)")->required();
   app.add_option("-t,--tokenizer", a.tokenizer, "tokenizer folder (default: the model folder, if it has one)");
   app.add_option("-p,--prompt", a.prompts, "prompt text (repeat for a batch)");
   app.add_option("-n,--max-new-tokens", a.max_new_tokens, "new tokens per prompt (default 50)")

@@ -497,7 +497,7 @@ int main(int argc, char** argv) {
   ServerOptions o;
   CLI::App app{"Serve an OPT model over HTTP: /generate, OpenAI /v1/completions (with streaming), a web page",
                "opt-serve"};
-  app.add_option("-m,--model", o.model_dir, "model folder (config.json + safetensors)")->required();
+  app.add_option("-m,--model", o.model_dir, "model folder (config.json + safetensors, or pytorch_model.bin)")->required();
   app.add_option("-t,--tokenizer", o.tokenizer_dir, "tokenizer folder (default: the model folder)");
   app.add_option("--host", o.host, "address to listen on")->capture_default_str();
   app.add_option("--port", o.port, "port (0: any free port; the chosen one is printed)")->capture_default_str()

@@ -1,6 +1,7 @@
 // PyTorch checkpoints: the hub-style fixture's pytorch_model.bin reads bit-identical to its model.safetensors;
 // hand-built hostile archives and pickles are rejected with messages naming the problem; convert_checkpoint
 // round-trips (single file, cast, shards).
+#include <opt/generate.hpp>
 #include <opt/pytorch.hpp>
 
 #include <atomic>
@@ -523,6 +524,45 @@ TEST_CASE("random corruption of the fixture never crashes: it parses or throws o
     } catch (const opt::error&) {
     }
   }
+}
+
+TEST_CASE("Model::load reads a folder with pytorch_model.bin alone, in place, to the same logits and ids") {
+  TempDir d;
+  fs::copy_file(hub() / "config.json", d.path / "config.json");
+  fs::copy_file(hub() / "pytorch_model.bin", d.path / "pytorch_model.bin");
+  const opt::Model from_bin = opt::Model::load(d.path);
+  const opt::Model from_st = opt::Model::load(hub());  // safetensors when both are there
+  CHECK(from_bin.tensor_prefix() == "decoder.");
+  // both read every weight in place: the same bytes, so the same logits, bit for bit
+  const std::vector<int32_t> ids = {2, 206, 317, 15, 500};
+  opt::Workspace ws(1);
+  opt::KvCache ka(from_bin.config(), 8), kb(from_st.config(), 8);
+  opt::ForwardOptions fo;
+  fo.all_logits = true;
+  const opt::LogitsView a = from_bin.forward({{&ka, ids.data(), int64_t(ids.size())}}, ws, fo);
+  const std::vector<float> la(a.data, a.data + a.rows * a.cols);
+  const opt::LogitsView b = from_st.forward({{&kb, ids.data(), int64_t(ids.size())}}, ws, fo);
+  REQUIRE(a.rows * a.cols == b.rows * b.cols);
+  CHECK(std::memcmp(la.data(), b.data, la.size() * 4) == 0);
+  // and the fixture's greedy generation
+  const nlohmann::json g = opt_test::read_json(hub() / "goldens.json");
+  for (const nlohmann::json& c : g.at("cases")) {
+    if (!c.contains("generate")) continue;
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t r = 0; r < c.at("input_ids").size(); ++r) {
+      std::vector<int32_t> p;
+      for (size_t t = 0; t < c["input_ids"][r].size(); ++t)
+        if (c["attention_mask"][r][t].get<int>()) p.push_back(c["input_ids"][r][t].get<int32_t>());
+      prompts.push_back(p);
+    }
+    opt::GenerateOptions o;
+    o.max_new_tokens = c["generate"].at("max_new_tokens").get<int64_t>();
+    CHECK(opt::generate_ids(from_bin, prompts, o).sequences == opt::generate_ids(from_st, prompts, o).sequences);
+    break;
+  }
+  // a folder with neither format
+  fs::remove(d.path / "pytorch_model.bin");
+  CHECK_THROWS_AS(opt::Model::load(d.path), opt::io_error);
 }
 
 TEST_CASE("PytorchCheckpoint reads shards listed by pytorch_model.bin.index.json") {

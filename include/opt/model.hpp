@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "opt/error.hpp"
 #include "opt/ops.hpp"
 #include "opt/quantize.hpp"
+#include "opt/pytorch.hpp"
 #include "opt/safetensors.hpp"
 #include "opt/thread_pool.hpp"
 
@@ -202,18 +204,33 @@ struct LoadOptions {
 
 class Model {
  public:
-  // `dir` holds config.json and model.safetensors (or sharded safetensors with model.safetensors.index.json).
+  // `dir` holds config.json and the weights: model.safetensors (or shards listed by model.safetensors.index.json),
+  // or, when it has no safetensors, pytorch_model.bin (or shards listed by pytorch_model.bin.index.json), read in
+  // place through the restricted unpickler of pytorch.hpp (the hub's older checkpoints; nothing is converted).
   static Model load(const std::filesystem::path& dir, const LoadOptions& opts = {}) {
+    namespace fs = std::filesystem;
     Config cfg = Config::from_file(dir / "config.json");
+    std::error_code ec;
+    auto has = [&](const char* name) { return fs::exists(dir / name, ec); };
+    if (!has("model.safetensors") && !has("model.safetensors.index.json") &&
+        (has("pytorch_model.bin") || has("pytorch_model.bin.index.json")))
+      return from_checkpoint(cfg, PytorchCheckpoint::open(dir), opts);
     return from_checkpoint(cfg, Checkpoint::open(dir), opts);
   }
 
-  static Model from_checkpoint(const Config& cfg, Checkpoint ckpt, const LoadOptions& opts = {}) {
+  // A checkpoint opened by the caller: opt::Checkpoint (safetensors) or opt::PytorchCheckpoint. The model keeps
+  // it (its mappings) alive.
+  template <class Ckpt>
+  static Model from_checkpoint(const Config& cfg, Ckpt ckpt, const LoadOptions& opts = {}) {
+    static_assert(std::is_base_of_v<detail::ShardSet<SafetensorsFile>, Ckpt> ||
+                      std::is_base_of_v<detail::ShardSet<PytorchFile>, Ckpt>,
+                  "Model::from_checkpoint takes an opt::Checkpoint or an opt::PytorchCheckpoint");
     Model m;
     m.config_ = cfg;
     m.act_ = cfg.act();
-    m.checkpoint_ = std::make_shared<Checkpoint>(std::move(ckpt));
-    m.bind(opts);
+    auto held = std::make_shared<const Ckpt>(std::move(ckpt));
+    m.bind(*held, opts);
+    m.checkpoint_ = std::move(held);
     return m;
   }
 
@@ -398,8 +415,8 @@ class Model {
     });
   }
 
-  void bind(const LoadOptions& opts) {
-    const Checkpoint& ck = *checkpoint_;
+  template <class Ckpt>
+  void bind(const Ckpt& ck, const LoadOptions& opts) {
     // the name prefix: transformers saves "model.decoder.", the facebook/opt-* hub checkpoints "decoder."
     for (const char* p : {"model.decoder.", "decoder.", ""}) {
       if (ck.find(std::string(p) + "embed_tokens.weight")) {
@@ -508,7 +525,7 @@ class Model {
   // int8 weights (stable addresses, shared by copies of the Model like the checkpoint mapping)
   std::shared_ptr<std::deque<QuantizedMatrix>> quantized_ = std::make_shared<std::deque<QuantizedMatrix>>();
   activation act_ = activation::relu;
-  std::shared_ptr<Checkpoint> checkpoint_;  // keeps the mappings alive
+  std::shared_ptr<const void> checkpoint_;  // the Checkpoint or PytorchCheckpoint: keeps the mappings alive
   ModelWeights w_;
   std::string prefix_;
   std::vector<std::string> unexpected_;
