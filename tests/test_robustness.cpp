@@ -624,6 +624,18 @@ TEST_CASE("fuzz regression: tokenizer files with JSON values of unexpected types
     const std::string blob = "{" + model + R"(, "pre_tokenizer": )" + pre + "}";
     CHECK_THROWS_AS(opt::Tokenizer::from_tokenizer_json(blob), opt::tokenizer_error);
   }
+  // the original input, replayed as the fuzz target runs it: loads, or fails with an opt::error
+  const fs::path saved = fs::path(OPT_SOURCE_DIR) / "tests" / "fuzz" / "regressions" / "tokenizer_json";
+  REQUIRE(fs::is_directory(saved));
+  for (const auto& f : fs::directory_iterator(saved)) {
+    INFO(f.path().string());
+    try {
+      (void)opt::Tokenizer::from_tokenizer_json(opt_test::read_text(f.path())).encode("Hello world");
+    } catch (const opt::error&) {
+    } catch (const std::exception& e) {
+      FAIL("an exception that is not an opt::error: " << e.what());
+    }
+  }
   const std::string ok = "{" + model + R"(, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": )";
   CHECK_THROWS_AS(opt::Tokenizer::from_tokenizer_json(ok + R"({"type": 1.5}})"), opt::tokenizer_error);
   CHECK(opt::Tokenizer::from_tokenizer_json(ok + "null}").encode("a") == std::vector<int32_t>{1, 0});
