@@ -170,3 +170,23 @@ test("a full queue: 429 with a JSON error, the admitted requests still answer co
     assert.equal((await small.stop()).code, 0);
   }
 });
+
+test("--max-tokens-limit caps the default budgets too (found by fuzz_serve_request)", async () => {
+  const capped = await startServer(["--max-tokens-limit", "3"]);
+  try {
+    // no max_tokens: OpenAI's default 16 would pass the limit; it is capped at 3
+    const c = await postJson(`${capped.url}/v1/completions`, { prompt: P1, temperature: 0 });
+    assert.equal(c.status, 200, c.text);
+    assert.ok(c.json.usage.completion_tokens <= 3, c.text);
+    // no max_new_tokens on /generate: the default 50 is capped at 3
+    const g = await postJson(`${capped.url}/generate`, { prompts: [P1] });
+    assert.equal(g.status, 200, g.text);
+    assert.ok(g.json.texts[0].startsWith(P1));
+    // an explicit budget beyond the limit is refused, naming it
+    assertApiError(await postJson(`${capped.url}/v1/completions`, { prompt: P1, max_tokens: 4 }), 400, "max_tokens");
+    assertApiError(await postJson(`${capped.url}/generate`, { prompts: [P1], max_new_tokens: 4 }), 400,
+                   "max_new_tokens");
+  } finally {
+    assert.equal((await capped.stop()).code, 0);
+  }
+});
