@@ -624,7 +624,16 @@ TEST_CASE("fuzz regression: tokenizer files with JSON values of unexpected types
     const std::string blob = "{" + model + R"(, "pre_tokenizer": )" + pre + "}";
     CHECK_THROWS_AS(opt::Tokenizer::from_tokenizer_json(blob), opt::tokenizer_error);
   }
-  // the original input, replayed as the fuzz target runs it: loads, or fails with an opt::error
+  // fuzz_tokenizer_json, second finding: an added token's id 1.3e22 was cast to int32 (undefined behaviour, UBSan),
+  // and an id of 2^32 + 2 wrapped silently to 2
+  const std::string bl = R"(, "pre_tokenizer": {"type": "ByteLevel"}, "added_tokens": [{"content": "<x>", "id": )";
+  for (const char* id : {"1.3e22", "4294967298", "-1", "18446744073709551615", "2.0", "\"3\"", "16777216"}) {
+    INFO(id);
+    CHECK_THROWS_WITH_AS(opt::Tokenizer::from_tokenizer_json("{" + model + bl + id + "}]}"),
+                         doctest::Contains("expected an integer in [0, 16777215]"), opt::format_error);
+  }
+  CHECK(opt::Tokenizer::from_tokenizer_json("{" + model + bl + "5}]}").token_to_id("<x>") == 5);
+  // the original inputs, replayed as the fuzz target runs them: load, or fail with an opt::error
   const fs::path saved = fs::path(OPT_SOURCE_DIR) / "tests" / "fuzz" / "regressions" / "tokenizer_json";
   REQUIRE(fs::is_directory(saved));
   for (const auto& f : fs::directory_iterator(saved)) {

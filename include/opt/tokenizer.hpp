@@ -357,7 +357,13 @@ class tokenizer_builder {
         for (const auto& t : added_tokens) {
           added_token a;
           a.content = t.at("content").get<std::string>();
-          a.id = t.at("id").get<int32_t>();
+          // an integer in [0, kMaxId]: get<int32_t>() would wrap 2^32 + 2 to 2, and cast 1e22 (undefined)
+          const nlohmann::json& id = t.at("id");
+          if (!id.is_number_integer() || (id.is_number_unsigned() ? id.get<uint64_t>() > uint64_t(kMaxId)
+                                                                   : (id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxId)))
+            throw format_error(source + " added_tokens: token " + quote_for_error(a.content) + " has id " +
+                               id.dump().substr(0, 40) + ", expected an integer in [0, " + std::to_string(kMaxId) + "]");
+          a.id = static_cast<int32_t>(id.get<int64_t>());
           a.special = t.value("special", false);
           a.lstrip = t.value("lstrip", false);
           a.rstrip = t.value("rstrip", false);
