@@ -268,13 +268,15 @@ class RequestParser {
       if ((*pit)[0].is_number()) {
         prompts.push_back(*pit);  // one prompt as ids
       } else {
-        if (pit->size() > rules_.max_prompts) throw too_many(pit->size());
         for (const json& p : *pit) prompts.push_back(p);
       }
     } else {
       throw bad_request("'prompt' must be a string, a list of strings, or token ids, got " + pit->dump(), "prompt");
     }
-    if (prompts.size() > rules_.max_prompts) throw too_many(prompts.size());
+    if (prompts.size() > rules_.max_prompts)
+      throw bad_request("'prompt' has " + std::to_string(prompts.size()) + " prompts; at most " +
+                            std::to_string(rules_.max_prompts) + " per request",
+                        "prompt");
     const bool explicit_max = j.contains("max_tokens") && !j["max_tokens"].is_null();
     // the default (16, as OpenAI's) is capped by the server's limit; an explicit value is checked
     const int64_t max_tokens = get_int(j, "max_tokens", std::min<int64_t>(16, rules_.max_tokens_limit), 0,
@@ -311,12 +313,6 @@ class RequestParser {
   }
 
  private:
-  ApiError too_many(size_t n) const {
-    return bad_request("'prompt' has " + std::to_string(n) + " prompts; at most " +
-                           std::to_string(rules_.max_prompts) + " per request",
-                       "prompt");
-  }
-
   // Prompt ids from a text or from ids given by the client.
   std::vector<int32_t> prompt_ids(const json& p, const char* param) const {
     std::vector<int32_t> ids;
