@@ -10,7 +10,9 @@
 namespace opt_test {
 
 struct StoredWeights {
-  opt::MatrixRef ref;
+  opt::MatrixRef stored;     // as a checkpoint stores it (row-major)
+  opt::PackedWeights packed;  // the kernels' panels
+  opt::PackedMatrix ref;      // packed.view()
   std::vector<float> f32;  // the values the kernel sees (after rounding/quantization)
   std::vector<uint16_t> h16;
   opt::QuantizedMatrix q8;
@@ -20,19 +22,21 @@ inline StoredWeights store_weights(opt::dtype t, int64_t rows, int64_t cols, std
   StoredWeights w;
   w.f32 = std::move(values);
   if (t == opt::dtype::F32) {
-    w.ref = {t, w.f32.data(), rows, cols};
+    w.stored = {t, w.f32.data(), rows, cols};
   } else if (t == opt::dtype::I8) {
     w.q8 = opt::quantize_int8({opt::dtype::F32, w.f32.data(), rows, cols});
-    w.ref = w.q8.ref();
-    for (int64_t r = 0; r < rows; ++r) opt::ops::row_to_f32(w.ref, r, w.f32.data() + r * cols);
+    w.stored = w.q8.ref();
+    for (int64_t r = 0; r < rows; ++r) opt::ops::row_to_f32(w.stored, r, w.f32.data() + r * cols);
   } else {
     w.h16.resize(w.f32.size());
     for (size_t i = 0; i < w.f32.size(); ++i) {
       w.h16[i] = t == opt::dtype::F16 ? opt::detail::f32_to_f16(w.f32[i]) : opt::detail::f32_to_bf16(w.f32[i]);
       w.f32[i] = t == opt::dtype::F16 ? opt::detail::f16_to_f32(w.h16[i]) : opt::detail::bf16_to_f32(w.h16[i]);
     }
-    w.ref = {t, w.h16.data(), rows, cols};
+    w.stored = {t, w.h16.data(), rows, cols};
   }
+  w.packed = opt::ops::pack(w.stored);
+  w.ref = w.packed.view();
   return w;
 }
 

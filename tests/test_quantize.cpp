@@ -31,7 +31,7 @@ TEST_CASE("quantize_int8: error per weight <= scale / 2, scale = max|block| / 12
   std::vector<float> x(size_t(2 * K)), y(size_t(2 * R)), want(size_t(2 * R));
   for (auto& v : x) v = d(g) * 50;
   opt::ThreadPool pool(2);
-  opt::ops::linear(pool, x.data(), 2, q.ref(), nullptr, y.data());
+  opt::ops::linear(pool, x.data(), 2, opt::ops::pack(q.ref()).view(), nullptr, y.data());
   opt::ref::linear_q8(x.data(), 2, q.q.data(), q.scale.data(), q.block, R, K, nullptr, want.data());
   for (size_t i = 0; i < y.size(); ++i) CHECK(std::fabs(y[i] - want[i]) <= 1e-5);
 }

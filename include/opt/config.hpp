@@ -10,10 +10,10 @@
 #include <string>
 
 #include "opt/error.hpp"
+#include "opt/kernels/activation.hpp"
 
 OPT_NAMESPACE_BEGIN
 
-enum class activation { relu, gelu, gelu_new, silu, quick_gelu, tanh, sigmoid };
 
 struct Config {
   int64_t vocab_size = 50272;

@@ -31,7 +31,8 @@
 OPT_NAMESPACE_BEGIN
 
 struct LinearWeights {
-  MatrixRef weight;           // [out_features, in_features]
+  MatrixRef weight;             // [out_features, in_features] as stored in the checkpoint
+  PackedMatrix packed;          // the same in the kernels' panel layout (int8 when quantized): what runs
   const float* bias = nullptr;  // [out_features], null when enable_bias is false
 };
 
@@ -53,10 +54,11 @@ struct ModelWeights {
   MatrixRef embed_positions;          // [max_position_embeddings + 2, hidden]
   MatrixRef project_in;               // [hidden, word_embed_proj_dim], only when the two differ
   MatrixRef project_out;              // [word_embed_proj_dim, hidden], only when the two differ
+  PackedMatrix project_in_packed, project_out_packed;  // the two above in panels
   LayerNormWeights final_layer_norm;  // [hidden], only with do_layer_norm_before && !_remove_final_layer_norm
   std::vector<DecoderLayerWeights> layers;
-  MatrixRef lm_head_q8;               // [vocab, word_embed_proj_dim] int8 copy of embed_tokens (lm_head_int8)
-  const MatrixRef& lm_head() const noexcept { return lm_head_q8.data ? lm_head_q8 : embed_tokens; }
+  PackedMatrix lm_head_packed;        // [vocab, word_embed_proj_dim]: embed_tokens in panels (int8 with lm_head_int8)
+  const PackedMatrix& lm_head() const noexcept { return lm_head_packed; }
 };
 
 // What one tensor of the checkpoint should be: its name under the decoder (no prefix), its shape, and where it
@@ -242,9 +244,9 @@ class Model {
 
   // Bytes of weights one decode step reads: every linear layer, the projections and the LM head.
   size_t decode_weight_bytes() const noexcept {
-    size_t n = w_.lm_head().bytes() + w_.project_in.bytes() + w_.project_out.bytes();
+    size_t n = w_.lm_head().bytes() + w_.project_in_packed.bytes() + w_.project_out_packed.bytes();
     for (const DecoderLayerWeights& L : w_.layers)
-      for (const LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2}) n += l->weight.bytes();
+      for (const LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2}) n += l->packed.bytes();
     return n;
   }
 
@@ -294,7 +296,7 @@ class Model {
       int64_t r = 0;
       for (const SequenceChunk& ch : chunks)
         for (int64_t j = 0; j < ch.n; ++j, ++r) ops::row_to_f32(w_.embed_tokens, ch.ids[j], e + r * E);
-      if (c.has_projections()) ops::linear(pool, e, N, w_.project_in, nullptr, x);  // [N,E] x [H,E]ᵀ -> [N,H]
+      if (c.has_projections()) ops::linear(pool, e, N, w_.project_in_packed, nullptr, x);  // [N,E] x [H,E]ᵀ -> [N,H]
       else std::copy(e, e + N * H, x);
       // positions: the cache size is the count of real tokens before this one (cumsum(mask) - 1), offset 2
       r = 0;
@@ -321,9 +323,9 @@ class Model {
         ops::Epilogue qs;
         qs.has_scale = true;
         qs.scale = scaling;
-        const ops::LinearSeg qkv[3] = {{L.q_proj.weight, L.q_proj.bias, q, H, qs},
-                                       {L.k_proj.weight, L.k_proj.bias, kb, H, {}},
-                                       {L.v_proj.weight, L.v_proj.bias, vb, H, {}}};
+        const ops::LinearSeg qkv[3] = {{L.q_proj.packed, L.q_proj.bias, q, H, qs},
+                                       {L.k_proj.packed, L.k_proj.bias, kb, H, {}},
+                                       {L.v_proj.packed, L.v_proj.bias, vb, H, {}}};
         ops::linear_multi(pool, attn_in, N, qkv, 3);  // [N,H] x [3H,H]ᵀ -> [N,3H]
         int64_t r = 0;
         for (const SequenceChunk& ch : chunks) {
@@ -348,7 +350,7 @@ class Model {
       }
       ops::Epilogue res;
       res.residual = true;
-      ops::linear(pool, a, N, L.out_proj.weight, L.out_proj.bias, x, res);  // x += [N,H] x [H,H]ᵀ
+      ops::linear(pool, a, N, L.out_proj.packed, L.out_proj.bias, x, res);  // x += [N,H] x [H,H]ᵀ
       if (!c.do_layer_norm_before) layer_norm(pool, x, N, L.self_attn_layer_norm, x);
       // ---- feed-forward block ----
       const float* ffn_in = x;
@@ -359,8 +361,8 @@ class Model {
       ops::Epilogue act;
       act.has_act = true;
       act.act = act_;
-      ops::linear(pool, ffn_in, N, L.fc1.weight, L.fc1.bias, h, act);  // act([N,H] x [F,H]ᵀ) -> [N,F]
-      ops::linear(pool, h, N, L.fc2.weight, L.fc2.bias, x, res);       // x += [N,F] x [H,F]ᵀ
+      ops::linear(pool, ffn_in, N, L.fc1.packed, L.fc1.bias, h, act);  // act([N,H] x [F,H]ᵀ) -> [N,F]
+      ops::linear(pool, h, N, L.fc2.packed, L.fc2.bias, x, res);       // x += [N,F] x [H,F]ᵀ
       if (!c.do_layer_norm_before) layer_norm(pool, x, N, L.final_layer_norm, x);
       if (l + 1 < c.num_hidden_layers) capture(x, H);
     }
@@ -384,7 +386,7 @@ class Model {
       if (c.has_final_layer_norm()) layer_norm(pool, x, N, w_.final_layer_norm, x);
       const float* fin = x;
       if (c.has_projections()) {
-        ops::linear(pool, x, N, w_.project_out, nullptr, e);  // [N,H] x [E,H]ᵀ -> [N,E]
+        ops::linear(pool, x, N, w_.project_out_packed, nullptr, e);  // [N,H] x [E,H]ᵀ -> [N,E]
         fin = e;
       }
       capture(fin, E);
@@ -393,7 +395,7 @@ class Model {
       select_rows(x, H, last);
       if (c.has_final_layer_norm()) layer_norm(pool, last, n_logits, w_.final_layer_norm, last);
       if (c.has_projections()) {
-        ops::linear(pool, last, n_logits, w_.project_out, nullptr, e);  // [n,H] x [E,H]ᵀ -> [n,E]
+        ops::linear(pool, last, n_logits, w_.project_out_packed, nullptr, e);  // [n,H] x [E,H]ᵀ -> [n,E]
         std::copy(e, e + n_logits * E, last);
       }
     }
@@ -424,6 +426,9 @@ class Model {
         break;
       }
     }
+    mappings_.clear();
+    for (const auto& f : ck.files())
+      if (f.mapping().first) mappings_.push_back(f.mapping());
     std::string where = ck.files().empty() ? std::string("checkpoint") : ck.files().front().path();
     if (ck.files().size() > 1) where += " (+" + std::to_string(ck.files().size() - 1) + " shards)";
     std::set<std::string> used;
@@ -488,42 +493,61 @@ class Model {
       throw tensor_error(where + ": unexpected tensor" + (unexpected_.size() > 1 ? "s " : " ") + list +
                          " (not part of an OPT model with this config.json; LoadOptions::strict=false ignores them)");
     }
-    if (opts.quantize == quantization::int8) quantize_int8_weights(opts);
+    pack_weights(opts);
   }
 
-  // Replaces every linear weight (and the LM head with lm_head_int8) by an owned int8 copy, then tells the kernel
-  // it may drop the mapped source pages, so RSS holds the int8 weights, not both.
-  void quantize_int8_weights(const LoadOptions& opts) {
+  // Repacks every linear weight (and the tied LM head) into the kernels' panel layout, in int8 first with
+  // LoadOptions::quantize, then tells the kernel it may drop the mapped source pages, so RSS holds the packed
+  // weights, not both. The embedding keeps its stored rows (the lookup touches only the rows it reads).
+  void pack_weights(const LoadOptions& opts) {
+    (void)kernels::active();  // OPT_ISA errors surface at load, not inside the first forward pass
     ThreadPool pool;
-    auto q = [&](MatrixRef& m) {
-      if (!m.data) return;
-      quantized_->push_back(quantize_int8(m, &pool));
-      release_pages(m);
-      m = quantized_->back().ref();
+    const bool q8 = opts.quantize == quantization::int8;
+    auto pack = [&](const MatrixRef& m, bool quantize) -> PackedMatrix {
+      if (!m.data) return {};
+      if (quantize) {
+        const QuantizedMatrix q = quantize_int8(m, &pool);
+        packed_->push_back(ops::pack(q.ref(), &pool));
+      } else {
+        packed_->push_back(ops::pack(m, &pool));
+      }
+      return packed_->back().view();
     };
     for (DecoderLayerWeights& L : w_.layers)
-      for (LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2}) q(l->weight);
-    q(w_.project_in);
-    q(w_.project_out);
-    if (opts.lm_head_int8) {
-      quantized_->push_back(quantize_int8(w_.embed_tokens, &pool));
-      w_.lm_head_q8 = quantized_->back().ref();
-    }
+      for (LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2}) {
+        l->packed = pack(l->weight, q8);
+        release_pages(l->weight);
+      }
+    w_.project_in_packed = pack(w_.project_in, q8);
+    w_.project_out_packed = pack(w_.project_out, q8);
+    release_pages(w_.project_in);
+    release_pages(w_.project_out);
+    w_.lm_head_packed = pack(w_.embed_tokens, q8 && opts.lm_head_int8);
+    release_pages(w_.embed_tokens);
   }
-  static void release_pages(const MatrixRef& m) {
+  // Drops the pages of m's bytes when they lie inside a file mapping of the checkpoint (never heap memory: a
+  // checkpoint read from bytes, or a tensor copied for alignment, keeps its data).
+  void release_pages(const MatrixRef& m) const {
 #if defined(__unix__) || defined(__APPLE__)
+    if (!m.data) return;
+    const auto* lo = static_cast<const std::byte*>(m.data);
+    const auto* hi = lo + m.bytes();
+    bool mapped = false;
+    for (const auto& r : mappings_) mapped = mapped || (lo >= r.first && hi <= r.first + r.second);
+    if (!mapped) return;
     const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-    const uintptr_t b = (reinterpret_cast<uintptr_t>(m.data) + page - 1) / page * page;
-    const uintptr_t e = (reinterpret_cast<uintptr_t>(m.data) + m.bytes()) / page * page;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(lo) + page - 1) / page * page;
+    const uintptr_t e = reinterpret_cast<uintptr_t>(hi) / page * page;
     if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);  // only a hint; pages re-read if touched
 #else
     (void)m;
 #endif
   }
 
+
   Config config_;
-  // int8 weights (stable addresses, shared by copies of the Model like the checkpoint mapping)
-  std::shared_ptr<std::deque<QuantizedMatrix>> quantized_ = std::make_shared<std::deque<QuantizedMatrix>>();
+  // packed (and int8) weights: stable addresses, shared by copies of the Model like the checkpoint mapping
+  std::shared_ptr<std::deque<PackedWeights>> packed_ = std::make_shared<std::deque<PackedWeights>>();
   activation act_ = activation::relu;
   std::shared_ptr<const void> checkpoint_;  // the Checkpoint or PytorchCheckpoint: keeps the mappings alive
   ModelWeights w_;
@@ -531,6 +555,7 @@ class Model {
   std::vector<std::string> unexpected_;
   std::vector<std::vector<float>> owned_floats_;
   std::vector<std::vector<std::byte>> owned_bytes_;
+  std::vector<std::pair<const std::byte*, size_t>> mappings_;  // the checkpoint's file mappings
 };
 
 OPT_NAMESPACE_END

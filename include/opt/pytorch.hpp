@@ -55,6 +55,12 @@ class PytorchFile {
     return f;
   }
   // Validates an archive held in memory (the file owns a copy). `name` is used in messages.
+  // The memory-mapped bytes of the file ({nullptr, 0} when it was read into memory): views inside it may be
+  // released with madvise and are read again from the file when touched.
+  std::pair<const std::byte*, size_t> mapping() const noexcept {
+    if (!map_) return {nullptr, 0};
+    return {map_->data(), map_->size()};
+  }
   static PytorchFile from_bytes(std::string bytes, const std::string& name = "<memory>",
                                 const PytorchOptions& opts = {}) {
     PytorchFile f;

@@ -1,5 +1,5 @@
 // int8 weight-only quantization, chosen at load (LoadOptions::quantize): each row of a [rows, cols] weight is cut
-// into blocks of ops::detail_k::kQ8Block (128) columns; a block stores int8 values q = round(w / s) with
+// into blocks of ops::kQ8Block (128) columns; a block stores int8 values q = round(w / s) with
 // s = max|w| / 127 over the block (symmetric, no zero point). The kernels widen q * s to f32 inside the dot
 // product; compute stays f32. Error per weight <= s / 2 = max|w_block| / 254.
 #pragma once
@@ -17,7 +17,7 @@ OPT_NAMESPACE_BEGIN
 struct QuantizedMatrix {
   ops::aligned_vector<int8_t> q;  // [rows, cols], 64-byte aligned
   std::vector<float> scale;   // [rows, ceil(cols / block)]
-  int64_t rows = 0, cols = 0, block = ops::detail_k::kQ8Block;
+  int64_t rows = 0, cols = 0, block = ops::kQ8Block;
 
   MatrixRef ref() const noexcept {
     MatrixRef m{dtype::I8, q.data(), rows, cols};
@@ -27,25 +27,14 @@ struct QuantizedMatrix {
   }
 };
 
-// Quantizes rows [r0, r1) of src into dst (sized by the caller).
+// Quantizes rows [r0, r1) of src into dst (sized by the caller), through the active ISA's quantizer kernel.
 inline void quantize_int8_rows(const MatrixRef& src, QuantizedMatrix& dst, int64_t r0, int64_t r1,
                                std::vector<float>& row) {
-  const int64_t K = src.cols, B = dst.block, nb = (K + B - 1) / B;
+  const int64_t K = src.cols, nb = (K + dst.block - 1) / dst.block;
   row.resize(size_t(K));
   for (int64_t r = r0; r < r1; ++r) {
     ops::row_to_f32(src, r, row.data());
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t k0 = b * B, k1 = std::min(K, k0 + B);
-      float mx = 0;
-      for (int64_t k = k0; k < k1; ++k) mx = std::max(mx, std::fabs(row[size_t(k)]));
-      const float s = mx > 0 ? mx / 127.0f : 1.0f;
-      const float inv = 1.0f / s;
-      dst.scale[size_t(r * nb + b)] = s;
-      for (int64_t k = k0; k < k1; ++k) {
-        const float v = std::nearbyint(row[size_t(k)] * inv);
-        dst.q[size_t(r * K + k)] = int8_t(std::max(-127.0f, std::min(127.0f, v)));
-      }
-    }
+    ops::quantize_rows(row.data(), K, dst.block, 0, 1, dst.q.data() + r * K, dst.scale.data() + r * nb);
   }
 }
 

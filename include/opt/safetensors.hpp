@@ -25,50 +25,10 @@
 #include <vector>
 
 #include "opt/detail/mmap.hpp"
+#include "opt/dtype.hpp"
 #include "opt/error.hpp"
 
 OPT_NAMESPACE_BEGIN
-
-enum class dtype { F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3, F8_E5M2 };
-
-inline const char* to_string(dtype t) noexcept {
-  switch (t) {
-    case dtype::F64: return "F64";
-    case dtype::F32: return "F32";
-    case dtype::F16: return "F16";
-    case dtype::BF16: return "BF16";
-    case dtype::I64: return "I64";
-    case dtype::I32: return "I32";
-    case dtype::I16: return "I16";
-    case dtype::I8: return "I8";
-    case dtype::U64: return "U64";
-    case dtype::U32: return "U32";
-    case dtype::U16: return "U16";
-    case dtype::U8: return "U8";
-    case dtype::BOOL: return "BOOL";
-    case dtype::F8_E4M3: return "F8_E4M3";
-    case dtype::F8_E5M2: return "F8_E5M2";
-  }
-  return "?";
-}
-
-inline size_t dtype_size(dtype t) noexcept {
-  switch (t) {
-    case dtype::F64: case dtype::I64: case dtype::U64: return 8;
-    case dtype::F32: case dtype::I32: case dtype::U32: return 4;
-    case dtype::F16: case dtype::BF16: case dtype::I16: case dtype::U16: return 2;
-    default: return 1;
-  }
-}
-
-inline std::optional<dtype> dtype_from_string(std::string_view s) noexcept {
-  static constexpr dtype all[] = {dtype::F64, dtype::F32, dtype::F16, dtype::BF16, dtype::I64,
-                                  dtype::I32, dtype::I16, dtype::I8,  dtype::U64,  dtype::U32,
-                                  dtype::U16, dtype::U8,  dtype::BOOL, dtype::F8_E4M3, dtype::F8_E5M2};
-  for (dtype t : all)
-    if (s == to_string(t)) return t;
-  return std::nullopt;
-}
 
 inline std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -115,6 +75,12 @@ class SafetensorsFile {
   const TensorView* find(std::string_view name) const {
     auto it = index_.find(std::string(name));
     return it == index_.end() ? nullptr : &tensors_[it->second];
+  }
+  // The memory-mapped bytes of the file ({nullptr, 0} when it was read into memory): views inside it may be
+  // released with madvise and are read again from the file when touched.
+  std::pair<const std::byte*, size_t> mapping() const noexcept {
+    if (!map_) return {nullptr, 0};
+    return {map_->data(), map_->size()};
   }
   // Bytes of the whole file (mapped or owned).
   size_t file_size() const noexcept { return map_ ? map_->size() : (owned_ ? owned_->size() : 0); }

@@ -1,0 +1,82 @@
+// x86-64 AVX2 + FMA + F16C kernels: generic.hpp with 8 f32 lanes (a panel column is 2 vectors). Compiled in a
+// target region whatever the program's -march, run only where the CPU has the instructions (dispatch.hpp).
+#pragma once
+#include "opt/kernels/prelude.hpp"
+
+#if defined(OPT_HAVE_X86_KERNELS)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+OPT_NAMESPACE_BEGIN
+namespace kernels {
+namespace avx2_isa {
+
+struct Simd {
+  static constexpr isa id = isa::avx2;
+  static constexpr int W = 8;
+  static constexpr int kMR = 6, kNP = 1;  // 6 tokens x 1 panel: 12 accumulators of the 16 registers
+  static constexpr int np_for(int m) { return m == 1 ? 4 : m <= 3 ? 2 : 1; }
+  using V = __m256;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float v) { return _mm256_set1_ps(v); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }  // a > b ? a : b
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }  // a < b ? a : b
+  static V select_lt(V a, V b, V t, V f) { return _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+  static V round_even(V x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V pow2i(V n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static V abs(V x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
+  static V copysign(V m, V s) {
+    const V sign = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(sign, m), _mm256_and_ps(sign, s));
+  }
+  static void keep(V& v) { __asm__("" : "+x"(v)); }
+  static void load_f16x16(const uint16_t* p, V* o) {
+    o[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    o[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  }
+  static void load_bf16x16(const uint16_t* p, V* o) {
+    o[0] = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    o[1] = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))), 16));
+  }
+  static void load_i8x16(const int8_t* p, V* o) {
+    o[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    o[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
+  }
+  // lanes 0-7 in a[0], 8-15 in a[1]: (l, l+8), (l, l+4), (l, l+2), (l, l+1)
+  static float reduce16(const V* a) {
+    const __m256 t = _mm256_add_ps(a[0], a[1]);
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehdup_ps(w)));
+  }
+};
+
+#include "opt/kernels/generic.hpp"
+
+}  // namespace avx2_isa
+}  // namespace kernels
+OPT_NAMESPACE_END
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif  // OPT_HAVE_X86_KERNELS

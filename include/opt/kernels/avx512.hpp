@@ -1,0 +1,90 @@
+// x86-64 AVX-512 (F, BW, VL) kernels: generic.hpp with 16 f32 lanes (a panel column is one vector). Compiled in a
+// target region whatever the program's -march, run only where the CPU has the instructions (dispatch.hpp).
+// VNNI and AVX512-BF16 dot products are not used: they round differently from an f32 FMA chain and would break
+// the same-bits-on-every-ISA promise.
+#pragma once
+#include "opt/kernels/prelude.hpp"
+
+#if defined(OPT_HAVE_X86_KERNELS)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+// GCC 12 reports its own _mm512_undefined_ps() inside the AVX-512 intrinsics headers as maybe-uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+OPT_NAMESPACE_BEGIN
+namespace kernels {
+namespace avx512_isa {
+
+struct Simd {
+  static constexpr isa id = isa::avx512;
+  static constexpr int W = 16;
+  static constexpr int kMR = 8, kNP = 2;  // 8 tokens x 2 panels: 16 accumulators of the 32 registers
+  static constexpr int np_for(int m) { return m == 1 ? 8 : m <= 3 ? 4 : 2; }
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float v) { return _mm512_set1_ps(v); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }  // a > b ? a : b
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }  // a < b ? a : b
+  static V select_lt(V a, V b, V t, V f) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), f, t); }
+  static V round_even(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V pow2i(V n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static V abs(V x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+  }
+  static V copysign(V m, V s) {
+    const __m512i mag = _mm512_and_si512(_mm512_castps_si512(m), _mm512_set1_epi32(0x7fffffff));
+    const __m512i sgn = _mm512_and_si512(_mm512_castps_si512(s), _mm512_set1_epi32(int32_t(0x80000000u)));
+    return _mm512_castsi512_ps(_mm512_or_si512(mag, sgn));
+  }
+  static void keep(V& v) { __asm__("" : "+v"(v)); }
+  static void load_f16x16(const uint16_t* p, V* o) {
+    o[0] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void load_bf16x16(const uint16_t* p, V* o) {
+    o[0] = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  static void load_i8x16(const int8_t* p, V* o) {
+    o[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // (l, l+8), (l, l+4), (l, l+2), (l, l+1)
+  static float reduce16(const V* a) {
+    const __m256 lo = _mm512_castps512_ps256(a[0]);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[0]), 1));
+    const __m256 t = _mm256_add_ps(lo, hi);
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehdup_ps(w)));
+  }
+};
+
+#include "opt/kernels/generic.hpp"
+
+}  // namespace avx512_isa
+}  // namespace kernels
+OPT_NAMESPACE_END
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+#endif  // OPT_HAVE_X86_KERNELS

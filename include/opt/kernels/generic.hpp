@@ -1,0 +1,504 @@
+// The kernels, written once for every instruction set. Not a normal header: each ISA header (scalar.hpp,
+// avx2.hpp, avx512.hpp, neon.hpp) includes it inside its own namespace, after defining `struct Simd` (its
+// vector type V of W f32 lanes and a dozen operations on it) and inside its target region, so the same source
+// compiles to scalar, AVX2, AVX-512 and NEON code. It includes nothing itself.
+//
+// The order of operations, which is what makes every ISA give the same bits (see kernels.hpp):
+// - linear: y[i, r] = a sequential FMA chain over k = 0 .. K-1 of x[i, k] * w[r, k] from +0 (I8: w = float(q) * s,
+//   one rounding), then + bias, * scale, act, old + v. Lanes run over output rows r (a panel column), never over
+//   k, so the vector width changes how many rows one instruction serves, not what any row computes.
+// - dot16 (attention's q·k) and sums: 16 logical lanes (lane l takes elements l, l + 16, ...; a partial last chunk
+//   adds +0 products), reduced as lanes (l, l+8), then (l, l+4), (l, l+2), (l, l+1).
+// - exp, erf, tanh: the polynomials below, with explicit FMAs; the same on every ISA and in the scalar epilogue.
+// - A product that feeds an addition is either one FMA or passes through Simd::keep / opaque() first, so a
+//   compiler that contracts a * b + c (GCC does, by default, where FMA exists) cannot change a result.
+
+constexpr int W = Simd::W;             // f32 lanes of V
+constexpr int VP = int(ops::kPanel) / W;  // vectors per panel column
+static_assert(VP * W == int(ops::kPanel), "a panel column is a whole number of vectors");
+using V = Simd::V;
+
+#define OPT_K_UNROLL _Pragma("GCC unroll 16")
+
+// A float the compiler must treat as unknown: stops it fusing the product that made it into a later addition.
+inline float opaque(float v) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(v));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(v));
+#else
+  volatile float t = v;
+  v = t;
+#endif
+  return v;
+}
+inline double opaque(double v) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(v));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(v));
+#else
+  volatile double t = v;
+  v = t;
+#endif
+  return v;
+}
+
+// One lane: the scalar twin of Simd, used by the epilogues (which work on single outputs) and by tails. Its
+// operations are the same IEEE operations as every Simd's, lane for lane.
+struct One {
+  using V = float;
+  static V zero() { return 0.0f; }
+  static V set1(float v) { return v; }
+  static V load(const float* p) { return *p; }
+  static V mul(V a, V b) { return a * b; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V div(V a, V b) { return a / b; }
+  static V fma(V a, V b, V c) { return std::fma(a, b, c); }
+  static V max(V a, V b) { return a > b ? a : b; }
+  static V min(V a, V b) { return a < b ? a : b; }
+  static V select_lt(V a, V b, V t, V f) { return a < b ? t : f; }
+  static V round_even(V x) { return std::nearbyint(x); }
+  static V pow2i(V n) {
+    uint32_t u = uint32_t(int32_t(n) + 127) << 23;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static V abs(V x) { return std::fabs(x); }
+  static V copysign(V mag, V sgn) { return std::copysign(mag, sgn); }
+  static void keep(V& v) { v = opaque(v); }
+};
+
+// ---- elementary functions, for any lane type S (Simd or One): the same operations either way ----------------
+namespace fn {
+constexpr float kExpLo = -87.3f, kExpHi = 88.3f;
+
+// exp(x): Cephes expf (x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial), 2^n built in the exponent bits;
+// within 2 ulp of std::exp on [-87, 88]; below -87.3 gives +0, above 88.3 saturates at exp(88.3).
+template <class S>
+inline typename S::V exp(typename S::V x) {
+  using T = typename S::V;
+  const T t = S::min(S::max(x, S::set1(kExpLo)), S::set1(kExpHi));
+  const T n = S::round_even(S::mul(t, S::set1(1.44269504088896341f)));
+  T r = S::fma(n, S::set1(-0.693359375f), t);
+  r = S::fma(n, S::set1(2.12194440e-4f), r);
+  T p = S::set1(1.9875691500e-4f);
+  p = S::fma(p, r, S::set1(1.3981999507e-3f));
+  p = S::fma(p, r, S::set1(8.3334519073e-3f));
+  p = S::fma(p, r, S::set1(4.1665795894e-2f));
+  p = S::fma(p, r, S::set1(1.6666665459e-1f));
+  p = S::fma(p, r, S::set1(5.0000001201e-1f));
+  T rr = S::mul(r, r);
+  p = S::fma(p, rr, S::add(r, S::set1(1.0f)));
+  T e = S::mul(p, S::pow2i(n));
+  e = S::select_lt(x, S::set1(kExpLo), S::zero(), e);
+  S::keep(e);
+  return e;
+}
+
+// erf(x): the rational approximation of Eigen / XLA (x clamped to [-4, 4]; odd degree-13 over even degree-8).
+template <class S>
+inline typename S::V erf(typename S::V a) {
+  using T = typename S::V;
+  const T x = S::max(S::min(a, S::set1(4.0f)), S::set1(-4.0f));
+  T x2 = S::mul(x, x);
+  S::keep(x2);
+  T p = S::fma(x2, S::set1(-2.72614225801306e-10f), S::set1(2.77068142495902e-08f));
+  p = S::fma(x2, p, S::set1(-2.10102402082508e-06f));
+  p = S::fma(x2, p, S::set1(-5.69250639462346e-05f));
+  p = S::fma(x2, p, S::set1(-7.34990630326855e-04f));
+  p = S::fma(x2, p, S::set1(-2.95459980854025e-03f));
+  p = S::fma(x2, p, S::set1(-1.60960333262415e-02f));
+  p = S::mul(x, p);
+  T q = S::fma(x2, S::set1(-1.45660718464996e-05f), S::set1(-2.13374055278905e-04f));
+  q = S::fma(x2, q, S::set1(-1.68282697438203e-03f));
+  q = S::fma(x2, q, S::set1(-7.37332916720468e-03f));
+  q = S::fma(x2, q, S::set1(-1.42647390514189e-02f));
+  T r = S::div(p, q);
+  S::keep(r);
+  return r;
+}
+
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|).
+template <class S>
+inline typename S::V tanh(typename S::V x) {
+  using T = typename S::V;
+  const T e = exp<S>(S::mul(S::set1(-2.0f), S::abs(x)));
+  T r = S::div(S::sub(S::set1(1.0f), e), S::add(S::set1(1.0f), e));
+  r = S::copysign(r, x);
+  S::keep(r);
+  return r;
+}
+}  // namespace fn
+
+// act(v) for one value: what the linear epilogue and activate() apply.
+inline float activate1(activation a, float v) {
+  switch (a) {
+    case activation::relu: return v > 0.0f ? v : 0.0f;
+    case activation::gelu: {  // 0.5 v (1 + erf(v / sqrt 2))
+      const float e = fn::erf<One>(v * 0.70710678118654752f);
+      return opaque(0.5f * v) * (1.0f + e);
+    }
+    case activation::gelu_new: {  // 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
+      const float v3 = opaque(opaque(v * v) * v);
+      const float t = fn::tanh<One>(0.79788456080286536f * std::fma(0.044715f, v3, v));
+      return opaque(0.5f * v) * (1.0f + t);
+    }
+    case activation::silu: return v / (1.0f + fn::exp<One>(-v));
+    case activation::quick_gelu: return v / (1.0f + fn::exp<One>(-1.702f * v));
+    case activation::tanh: return fn::tanh<One>(v);
+    case activation::sigmoid: return 1.0f / (1.0f + fn::exp<One>(-v));
+  }
+  return v;
+}
+
+inline void activate(activation a, float* x, int64_t n) {
+  if (a == activation::relu) {
+    for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] = activate1(a, x[i]);
+}
+
+// ---- linear: outer-product tiles over panels ------------------------------------------------------------------
+inline float finish(const ops::LinearSeg& g, int64_t r, float v, float old) {
+  if (g.bias) v = v + g.bias[r];
+  if (g.ep.has_scale) v = opaque(v * g.ep.scale);
+  if (g.ep.has_act) v = opaque(activate1(g.ep.act, v));
+  if (g.ep.residual) v = old + v;
+  return v;
+}
+
+// One panel column (kPanel weights of consecutive rows at column k) as VP vectors of f32.
+template <dtype T>
+inline void load_column(const std::byte* panel, int64_t k, V* out) {
+  if constexpr (T == dtype::F32) {
+    const float* p = reinterpret_cast<const float*>(panel) + k * ops::kPanel;
+    OPT_K_UNROLL
+    for (int v = 0; v < VP; ++v) out[v] = Simd::load(p + v * W);
+  } else if constexpr (T == dtype::F16) {
+    Simd::load_f16x16(reinterpret_cast<const uint16_t*>(panel) + k * ops::kPanel, out);
+  } else if constexpr (T == dtype::BF16) {
+    Simd::load_bf16x16(reinterpret_cast<const uint16_t*>(panel) + k * ops::kPanel, out);
+  } else {
+    Simd::load_i8x16(reinterpret_cast<const int8_t*>(panel) + k * ops::kPanel, out);
+  }
+}
+
+// out[m][j] (m < MR tokens, j < NP * kPanel rows of panels p0 ..) = sum_k x[m, k] * w[row j, k], one sequential
+// FMA chain per output. The NP * VP weight vectors of a column are loaded once and feed MR FMAs each.
+template <dtype T, int MR, int NP>
+inline void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out) {
+  V acc[MR][NP][VP];
+  OPT_K_UNROLL
+  for (int m = 0; m < MR; ++m)
+    OPT_K_UNROLL
+    for (int p = 0; p < NP; ++p)
+      OPT_K_UNROLL
+      for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::zero();
+  const std::byte* pp[NP];
+  OPT_K_UNROLL
+  for (int p = 0; p < NP; ++p) pp[p] = w.panel(p0 + p);
+  const int64_t B = T == dtype::I8 ? w.block : K;
+  const int64_t nb = T == dtype::I8 ? w.blocks() : 1;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* sc[NP];
+    if constexpr (T == dtype::I8) {
+      OPT_K_UNROLL
+      for (int p = 0; p < NP; ++p) sc[p] = w.panel_scales(p0 + p) + b * ops::kPanel;
+    }
+    const int64_t k1 = std::min(K, (b + 1) * B);
+    for (int64_t k = b * B; k < k1; ++k) {
+      V wv[NP][VP];
+      OPT_K_UNROLL
+      for (int p = 0; p < NP; ++p) {
+        load_column<T>(pp[p], k, wv[p]);
+        OPT_K_UNROLL
+        for (int v = 0; v < VP; ++v) {
+          if constexpr (T == dtype::I8) wv[p][v] = Simd::mul(wv[p][v], Simd::load(sc[p] + v * W));
+          Simd::keep(wv[p][v]);  // in a register: not re-loaded (and re-widened) for each of the MR FMAs
+        }
+      }
+      OPT_K_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        V xb = Simd::set1(x[m * ldx + k]);
+        Simd::keep(xb);
+        OPT_K_UNROLL
+        for (int p = 0; p < NP; ++p)
+          OPT_K_UNROLL
+          for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::fma(xb, wv[p][v], acc[m][p][v]);
+      }
+    }
+  }
+  OPT_K_UNROLL
+  for (int m = 0; m < MR; ++m)
+    OPT_K_UNROLL
+    for (int p = 0; p < NP; ++p)
+      OPT_K_UNROLL
+      for (int v = 0; v < VP; ++v) Simd::store(out + (m * NP + p) * ops::kPanel + v * W, acc[m][p][v]);
+}
+
+// The tile shapes: Simd::kMR tokens at most; Simd::np_for(m) panels for a tile of m tokens (enough independent
+// accumulators to hide the FMA latency within the registers), 1 for leftover panels.
+template <dtype T, int M>
+inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out) {
+  constexpr int NPm = Simd::np_for(M);
+  if constexpr (NPm > 1) {
+    if (np == NPm) return tile<T, M, NPm>(x, ldx, K, w, p0, out);
+  }
+  if constexpr (M == Simd::kMR && Simd::kNP > 1 && Simd::kNP != NPm) {
+    if (np == Simd::kNP) return tile<T, M, Simd::kNP>(x, ldx, K, w, p0, out);
+  }
+  tile<T, M, 1>(x, ldx, K, w, p0, out);
+}
+
+template <dtype T>
+inline void tile_any(int m, int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0,
+                     float* out) {
+  static_assert(Simd::kMR >= 1 && Simd::kMR <= 8, "tile heights 1..8");
+  switch (m) {
+    case 1: return tile_m<T, 1>(np, x, ldx, K, w, p0, out);
+    case 2: if constexpr (Simd::kMR >= 2) return tile_m<T, 2>(np, x, ldx, K, w, p0, out); break;
+    case 3: if constexpr (Simd::kMR >= 3) return tile_m<T, 3>(np, x, ldx, K, w, p0, out); break;
+    case 4: if constexpr (Simd::kMR >= 4) return tile_m<T, 4>(np, x, ldx, K, w, p0, out); break;
+    case 5: if constexpr (Simd::kMR >= 5) return tile_m<T, 5>(np, x, ldx, K, w, p0, out); break;
+    case 6: if constexpr (Simd::kMR >= 6) return tile_m<T, 6>(np, x, ldx, K, w, p0, out); break;
+    case 7: if constexpr (Simd::kMR >= 7) return tile_m<T, 7>(np, x, ldx, K, w, p0, out); break;
+    case 8: if constexpr (Simd::kMR >= 8) return tile_m<T, 8>(np, x, ldx, K, w, p0, out); break;
+    default: break;
+  }
+}
+
+// Panels [p0, p1) of g for n tokens. Small batches (n <= kMR: decode) run one tile of n tokens over np_for(n)
+// panels at a time, streaming those panels once; larger ones (prefill) run kMR-token tiles over kNP panels, the
+// panels staying in cache while the token tiles pass.
+template <dtype T>
+inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p0, int64_t p1) {
+  const PackedMatrix& w = g.w;
+  const int64_t K = w.cols;
+  alignas(64) float out[Simd::kMR * 8 * ops::kPanel];
+  const int group = n <= Simd::kMR ? Simd::np_for(int(n)) : Simd::kNP;
+  for (int64_t p = p0; p < p1;) {
+    const int np = p + group <= p1 ? group : 1;
+    for (int64_t i = 0; i < n; i += Simd::kMR) {
+      const int m = int(std::min<int64_t>(Simd::kMR, n - i));
+      tile_any<T>(m, m == Simd::kMR || n <= Simd::kMR ? np : 1, x + i * K, K, K, w, p, out);
+      if (!(m == Simd::kMR || n <= Simd::kMR) && np > 1)
+        for (int q = 1; q < np; ++q) tile_any<T>(m, 1, x + i * K, K, K, w, p + q, out + q * m * ops::kPanel);
+      // out holds [m][np][kPanel] (one call) or np blocks of [m][kPanel] (the split tail)
+      const bool split = !(m == Simd::kMR || n <= Simd::kMR) && np > 1;
+      for (int mm = 0; mm < m; ++mm)
+        for (int q = 0; q < np; ++q)
+          for (int j = 0; j < int(ops::kPanel); ++j) {
+            const int64_t r = (p + q) * ops::kPanel + j;
+            if (r >= w.rows) break;
+            const float v = split ? out[(q * m + mm) * ops::kPanel + j] : out[(mm * np + q) * ops::kPanel + j];
+            float& y = g.y[(i + mm) * g.ldy + r];
+            y = finish(g, r, v, y);
+          }
+    }
+    p += np;
+  }
+}
+
+inline void linear(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p0, int64_t p1) {
+  switch (g.w.type) {
+    case dtype::F32: return linear_panels<dtype::F32>(x, n, g, p0, p1);
+    case dtype::F16: return linear_panels<dtype::F16>(x, n, g, p0, p1);
+    case dtype::BF16: return linear_panels<dtype::BF16>(x, n, g, p0, p1);
+    case dtype::I8: return linear_panels<dtype::I8>(x, n, g, p0, p1);
+    default: OPT_DASSERT(false);
+  }
+}
+
+// ---- 16-logical-lane sums -------------------------------------------------------------------------------------
+// acc[16] (lanes) -> one float: (l, l+8), (l, l+4), (l, l+2), (l, l+1). Simd::reduce16 does the same on vectors.
+inline float reduce16_one(const float* a) {
+  float b[8], c[4], d[2];
+  for (int l = 0; l < 8; ++l) b[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; ++l) c[l] = b[l] + b[l + 4];
+  for (int l = 0; l < 2; ++l) d[l] = c[l] + c[l + 2];
+  return d[0] + d[1];
+}
+
+// a · b over n floats: element k goes to logical lane k % 16 (an FMA chain per lane), then reduce16.
+inline float dot16(const float* a, const float* b, int64_t n) {
+  V acc[VP];
+  OPT_K_UNROLL
+  for (int v = 0; v < VP; ++v) acc[v] = Simd::zero();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16)
+    OPT_K_UNROLL
+    for (int v = 0; v < VP; ++v) acc[v] = Simd::fma(Simd::load(a + k + v * W), Simd::load(b + k + v * W), acc[v]);
+  if (k < n) {
+    alignas(64) float ta[16] = {}, tb[16] = {};
+    for (int64_t j = 0; k + j < n; ++j) ta[j] = a[k + j], tb[j] = b[k + j];
+    OPT_K_UNROLL
+    for (int v = 0; v < VP; ++v) acc[v] = Simd::fma(Simd::load(ta + v * W), Simd::load(tb + v * W), acc[v]);
+  }
+  return Simd::reduce16(acc);
+}
+
+// s[t] = exp(s[t] - mx); the sum over 16 logical lanes (a partial last chunk adds +0), then reduce16.
+inline float exp_sub_sum(float* s, int64_t n, float mx) {
+  V acc[VP];
+  OPT_K_UNROLL
+  for (int v = 0; v < VP; ++v) acc[v] = Simd::zero();
+  const V m = Simd::set1(mx);
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16)
+    OPT_K_UNROLL
+    for (int v = 0; v < VP; ++v) {
+      const V e = fn::exp<Simd>(Simd::sub(Simd::load(s + t + v * W), m));
+      Simd::store(s + t + v * W, e);
+      acc[v] = Simd::add(acc[v], e);
+    }
+  if (t < n) {
+    alignas(64) float tmp[16];
+    for (int j = 0; j < 16; ++j) tmp[j] = t + j < n ? s[t + j] : mx;
+    OPT_K_UNROLL
+    for (int v = 0; v < VP; ++v) {
+      V e = fn::exp<Simd>(Simd::sub(Simd::load(tmp + v * W), m));
+      Simd::store(tmp + v * W, e);
+    }
+    for (int j = 0; j < 16; ++j) {
+      if (t + j < n) s[t + j] = tmp[j];
+      else tmp[j] = 0.0f;
+    }
+    OPT_K_UNROLL
+    for (int v = 0; v < VP; ++v) acc[v] = Simd::add(acc[v], Simd::load(tmp + v * W));
+  }
+  return Simd::reduce16(acc);
+}
+
+// ---- attention --------------------------------------------------------------------------------------------------
+// o[d] = sum_t p[t] * v[t, d] for d < hd, one sequential FMA chain over t per output (lanes run over d).
+inline void weighted_sum(const float* p, int64_t len, const float* v, int64_t ld, int64_t hd, float* o) {
+  int64_t d = 0;
+  for (; d + 4 * W <= hd; d += 4 * W) {
+    V acc[4] = {Simd::zero(), Simd::zero(), Simd::zero(), Simd::zero()};
+    for (int64_t t = 0; t < len; ++t) {
+      const V pt = Simd::set1(p[t]);
+      OPT_K_UNROLL
+      for (int c = 0; c < 4; ++c) acc[c] = Simd::fma(pt, Simd::load(v + t * ld + d + c * W), acc[c]);
+    }
+    OPT_K_UNROLL
+    for (int c = 0; c < 4; ++c) Simd::store(o + d + c * W, acc[c]);
+  }
+  for (; d + W <= hd; d += W) {
+    V acc = Simd::zero();
+    for (int64_t t = 0; t < len; ++t) acc = Simd::fma(Simd::set1(p[t]), Simd::load(v + t * ld + d), acc);
+    Simd::store(o + d, acc);
+  }
+  for (; d < hd; ++d) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t < len; ++t) acc = std::fma(p[t], v[t * ld + d], acc);
+    o[d] = acc;
+  }
+}
+
+// Causal attention of tokens [i0, i1) x heads [h0, h1) of n new tokens at positions [past, past + n):
+// q [n, H] already scaled, k/v the cache rows (stride ld), token i sees rows [0, past + i]; out row stride ld_out;
+// scores: past + i1 floats of scratch. softmax(q·kᵀ) v with p[t] = exp(s[t] - max) * (1 / sum).
+inline void attention(const float* q, int64_t past, const float* k, const float* v, int64_t ld, int64_t n_heads,
+                      int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0, int64_t i1, int64_t h0,
+                      int64_t h1) {
+  const int64_t H = n_heads * head_dim;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t len = past + i + 1;
+    for (int64_t h = h0; h < h1; ++h) {
+      const float* qi = q + i * H + h * head_dim;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < len; ++t) {
+        const float s = dot16(qi, k + t * ld + h * head_dim, head_dim);
+        scores[t] = s;
+        mx = s > mx ? s : mx;
+      }
+      const float inv = 1.0f / exp_sub_sum(scores, len, mx);
+      for (int64_t t = 0; t < len; ++t) scores[t] = scores[t] * inv;
+      weighted_sum(scores, len, v + h * head_dim, ld, head_dim, out + i * ld_out + h * head_dim);
+    }
+  }
+}
+
+// ---- LayerNorm ----------------------------------------------------------------------------------------------------
+// mean and variance in double over 4 interleaved partial sums (element k to sum k % 4, combined (0+1)+(2+3)),
+// then y = fma((x - mean) * rstd, gamma, beta) in float.
+inline void layer_norm(const float* x, int64_t n, int64_t d, const float* gamma, const float* beta, float eps,
+                       float* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * d;
+    float* yi = y + i * d;
+    double s[4] = {0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 4 <= d; k += 4)
+      for (int j = 0; j < 4; ++j) s[j] += double(xi[k + j]);
+    for (int j = 0; k < d; ++k, ++j) s[j] += double(xi[k]);
+    const double mean = ((s[0] + s[1]) + (s[2] + s[3])) / double(d);
+    double u[4] = {0, 0, 0, 0};
+    k = 0;
+    for (; k + 4 <= d; k += 4)
+      for (int j = 0; j < 4; ++j) {
+        const double t = double(xi[k + j]) - mean;
+        u[j] = std::fma(t, t, u[j]);
+      }
+    for (int j = 0; k < d; ++k, ++j) {
+      const double t = double(xi[k]) - mean;
+      u[j] = std::fma(t, t, u[j]);
+    }
+    const double var = ((u[0] + u[1]) + (u[2] + u[3])) / double(d);
+    const float rstd = float(1.0 / std::sqrt(var + double(eps)));
+    const float m = float(mean);
+    for (k = 0; k < d; ++k) {
+      const float t = (xi[k] - m) * rstd;
+      if (gamma && beta) yi[k] = std::fma(t, gamma[k], beta[k]);
+      else if (gamma) yi[k] = t * gamma[k];
+      else if (beta) yi[k] = t + beta[k];
+      else yi[k] = t;
+    }
+  }
+}
+
+// ---- int8 quantizer -----------------------------------------------------------------------------------------------
+inline void quantize_rows(const float* w, int64_t cols, int64_t block, int64_t r0, int64_t r1, int8_t* q,
+                          float* scale) {
+  const int64_t nb = (cols + block - 1) / block;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = w + r * cols;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t k0 = b * block, k1 = std::min(cols, k0 + block);
+      float mx = 0;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float a = std::fabs(row[k]);
+        mx = a > mx ? a : mx;
+      }
+      const float s = mx > 0 ? mx / 127.0f : 1.0f;
+      const float inv = 1.0f / s;
+      scale[r * nb + b] = s;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float v = std::nearbyint(row[k] * inv);
+        q[r * cols + k] = int8_t(v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v);
+      }
+    }
+  }
+}
+
+inline const Table& table() {
+  static const Table t = [] {
+    Table x;
+    x.id = Simd::id;
+    x.linear = &linear;
+    x.layer_norm = &layer_norm;
+    x.attention = &attention;
+    x.activate = &activate;
+    x.activate1 = &activate1;
+    x.exp_sub_sum = &exp_sub_sum;
+    x.quantize_rows = &quantize_rows;
+    return x;
+  }();
+  return t;
+}
+
+#undef OPT_K_UNROLL

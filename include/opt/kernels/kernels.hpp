@@ -1,0 +1,93 @@
+// The kernel API: linear layers over packed weights (F32 / F16 / BF16 / I8), LayerNorm, activations, softmax
+// and causal attention over a KV cache, the int8 quantizer. Knows nothing of OPT or of file formats. Each call
+// runs the ISA chosen by dispatch.hpp; each kernel has a plain Eigen reference in reference.hpp and a test.
+//
+// Determinism: every output is computed by one fixed sequence of IEEE operations that depends only on the
+// problem's sizes: not on the thread count, the batch it is in, the tile it falls in, nor the instruction set
+// (the order is spelled out in generic.hpp). So scalar, AVX2, AVX-512 and NEON give the same bits. Work is split
+// across threads by panels of output rows (linear), (token, head) pairs (attention) or rows (LayerNorm).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "opt/kernels/dispatch.hpp"
+#include "opt/kernels/matrix.hpp"
+#include "opt/kernels/table.hpp"
+#include "opt/thread_pool.hpp"
+
+OPT_NAMESPACE_BEGIN
+namespace ops {
+
+// Several linear layers over the same input x [n, in] in one parallel pass (q/k/v: one dispatch, not three):
+// y_s[n, out_s] = x · w_sᵀ + bias_s with each segment's epilogue. The concatenated panels are split over threads.
+inline void linear_multi(ThreadPool& pool, const float* x, int64_t n, const LinearSeg* segs, size_t n_segs) {
+  const kernels::Table& k = kernels::active();
+  int64_t total = 0;
+  for (size_t s = 0; s < n_segs; ++s) total += segs[s].w.panels();
+  // a chunk is a few panels: enough for the widest multi-panel tile (up to 8 panels), small enough to balance
+  const size_t grain = n <= 8 ? 8 : 2;
+  pool.parallel_for(size_t(total), grain, [&](size_t b, size_t e) {
+    int64_t base = 0;
+    for (size_t s = 0; s < n_segs; ++s) {
+      const int64_t np = segs[s].w.panels();
+      const int64_t p0 = std::max<int64_t>(int64_t(b) - base, 0), p1 = std::min<int64_t>(int64_t(e) - base, np);
+      if (p0 < p1) k.linear(x, n, segs[s], p0, p1);
+      base += np;
+    }
+  });
+}
+
+// y[n, out] = x[n, in] · w[out, in]ᵀ + bias[out]   (torch.nn.functional.linear), with an optional fused epilogue.
+inline void linear(ThreadPool& pool, const float* x, int64_t n, const PackedMatrix& w, const float* bias, float* y,
+                   const Epilogue& ep = {}) {
+  LinearSeg g{w, bias, y, w.rows, ep};
+  linear_multi(pool, x, n, &g, 1);
+}
+
+// y[n, d] = LayerNorm(x) * gamma + beta over the last dimension (gamma/beta may be null: no affine).
+inline void layer_norm(const float* x, int64_t n, int64_t d, const float* gamma, const float* beta, float eps,
+                       float* y) {
+  kernels::active().layer_norm(x, n, d, gamma, beta, eps, y);
+}
+
+inline float activate(activation a, float v) { return kernels::active().activate1(a, v); }
+inline void activate(activation a, float* x, int64_t n) { kernels::active().activate(a, x, n); }
+
+// s[t] = exp(s[t] - mx) for t < n; returns the sum.
+inline float exp_sub_sum(float* s, int64_t n, float mx) { return kernels::active().exp_sub_sum(s, n, mx); }
+
+// Causal multi-head attention of n new tokens of one sequence at positions [past, past + n).
+//   q   [n, H]            already scaled by head_dim^-0.5 (OPT scales q before QKᵀ)
+//   k,v [past + n, H]     the sequence's cache rows, row stride `ld` floats
+//   out [n, H]            row stride ld_out
+//   scores: scratch of at least (past + n) floats
+// Tokens [i0, i1) x heads [h0, h1); token i attends to cache rows [0, past + i].
+inline void attention_rows(const float* q, int64_t past, const float* k, const float* v, int64_t ld,
+                           int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
+                           int64_t i1, int64_t h0, int64_t h1) {
+  kernels::active().attention(q, past, k, v, ld, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
+}
+
+// The same for all n tokens and heads, split over (token, head) pairs: each pair is computed whole by one thread.
+// scores: (past + n) floats per pool thread.
+inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n, const float* k, const float* v,
+                      int64_t ld, int64_t n_heads, int64_t head_dim, float* out, float* scores) {
+  const kernels::Table& kt = kernels::active();
+  const int64_t H = n_heads * head_dim, len_max = past + n;
+  pool.parallel_for_t(size_t(n * n_heads), 1, [&](size_t t, size_t b, size_t e) {
+    float* sc = scores + t * size_t(len_max);
+    for (size_t p = b; p < e; ++p) {
+      const int64_t i = int64_t(p) / n_heads, hh = int64_t(p) % n_heads;
+      kt.attention(q, past, k, v, ld, n_heads, head_dim, out, H, sc, i, i + 1, hh, hh + 1);
+    }
+  });
+}
+
+// int8 quantization of a row-major f32 [rows, cols] matrix, rows [r0, r1): see quantize.hpp.
+inline void quantize_rows(const float* w, int64_t cols, int64_t block, int64_t r0, int64_t r1, int8_t* q,
+                          float* scale) {
+  kernels::active().quantize_rows(w, cols, block, r0, r1, q, scale);
+}
+
+}  // namespace ops
+OPT_NAMESPACE_END

@@ -1,0 +1,173 @@
+// The matrices the kernels read. Knows nothing of OPT or of file formats.
+//   MatrixRef     a row-major [rows, cols] view (PyTorch's Linear layout [out, in]) of F32, F16, BF16 or I8 + scales:
+//                 what a checkpoint stores; rows are read by the embedding lookup and the quantizer.
+//   PackedMatrix  the same values repacked into panels of kPanel rows, column by column ([panel][col][kPanel]),
+//                 the layout of the linear kernels: one load gives one column of kPanel weight rows, so every
+//                 output is one sequential FMA chain over its inputs, whatever the vector width (see kernels.hpp).
+//   PackedWeights owns a PackedMatrix's storage (64-byte aligned); pack() makes one from a MatrixRef.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "opt/detail/fp16.hpp"
+#include "opt/dtype.hpp"
+#include "opt/thread_pool.hpp"
+
+OPT_NAMESPACE_BEGIN
+
+// A read-only [rows, cols] row-major matrix (PyTorch's Linear layout: [out_features, in_features]).
+struct MatrixRef {
+  dtype type = dtype::F32;  // F32, F16, BF16 or I8 (with scales)
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+
+  const float* scale = nullptr;  // I8 only: [rows, ceil(cols / block)] per-row, per-block scales
+  int64_t block = 0;             // I8 only: columns per scale
+
+  const std::byte* row_ptr(int64_t r) const noexcept {
+    return static_cast<const std::byte*>(data) + size_t(r) * size_t(cols) * dtype_size(type);
+  }
+  int64_t blocks_per_row() const noexcept { return block ? (cols + block - 1) / block : 0; }
+  // Bytes a pass over the whole matrix reads (values and scales).
+  size_t bytes() const noexcept {
+    if (!data) return 0;
+    return size_t(rows) * size_t(cols) * dtype_size(type) + size_t(rows) * size_t(blocks_per_row()) * 4;
+  }
+};
+
+namespace ops {
+
+// std::allocator with 64-byte (cache line, one AVX-512 vector) alignment.
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  static constexpr std::size_t kAlign = 64;
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(kAlign))); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t(kAlign)); }
+  template <class U>
+  bool operator==(const AlignedAllocator<U>&) const noexcept { return true; }
+  template <class U>
+  bool operator!=(const AlignedAllocator<U>&) const noexcept { return false; }
+};
+template <class T>
+using aligned_vector = std::vector<T, AlignedAllocator<T>>;
+
+// Rows per panel: one AVX-512 vector of f32, two AVX2 vectors, four NEON vectors, sixteen scalars.
+constexpr int64_t kPanel = 16;
+// int8 weights: one f32 scale per row and block of kQ8Block columns.
+constexpr int64_t kQ8Block = 128;
+
+}  // namespace ops
+
+// [rows, cols] in panels: element (r, c) at panel r / kPanel, offset c * kPanel + r % kPanel; the last panel is
+// padded with zero rows. I8: scale (r, block b) at panel r / kPanel, offset b * kPanel + r % kPanel.
+struct PackedMatrix {
+  dtype type = dtype::F32;  // F32, F16, BF16 or I8
+  const void* data = nullptr;
+  const float* scale = nullptr;  // I8 only
+  int64_t rows = 0, cols = 0, block = 0;
+
+  int64_t panels() const noexcept { return (rows + ops::kPanel - 1) / ops::kPanel; }
+  int64_t blocks() const noexcept { return block ? (cols + block - 1) / block : 0; }
+  const std::byte* panel(int64_t p) const noexcept {
+    return static_cast<const std::byte*>(data) + size_t(p) * size_t(cols) * size_t(ops::kPanel) * dtype_size(type);
+  }
+  const float* panel_scales(int64_t p) const noexcept { return scale + size_t(p) * size_t(blocks()) * size_t(ops::kPanel); }
+  // Bytes one pass over the matrix reads (values, padding and scales).
+  size_t bytes() const noexcept {
+    if (!data) return 0;
+    return size_t(panels()) * size_t(ops::kPanel) * (size_t(cols) * dtype_size(type) + size_t(blocks()) * 4);
+  }
+  explicit operator bool() const noexcept { return data != nullptr; }
+};
+
+// Owned panel storage; view() is valid while it lives (moving it keeps the addresses).
+struct PackedWeights {
+  ops::aligned_vector<std::byte> values;
+  ops::aligned_vector<float> scales;
+  PackedMatrix m;
+  const PackedMatrix& view() const noexcept { return m; }
+};
+
+namespace ops {
+
+// Row r of m, widened to float.
+inline void row_to_f32(const MatrixRef& m, int64_t r, float* out) {
+  const std::byte* p = m.row_ptr(r);
+  const int64_t n = m.cols;
+  switch (m.type) {
+    case dtype::F32: std::memcpy(out, p, size_t(n) * 4); break;
+    case dtype::F16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+      for (int64_t i = 0; i < n; ++i) out[i] = detail::f16_to_f32(h[i]);
+      break;
+    }
+    case dtype::BF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+      for (int64_t i = 0; i < n; ++i) out[i] = detail::bf16_to_f32(h[i]);
+      break;
+    }
+    case dtype::I8: {
+      const int8_t* q = reinterpret_cast<const int8_t*>(p);
+      const float* s = m.scale + r * m.blocks_per_row();
+      for (int64_t i = 0; i < n; ++i) out[i] = float(q[i]) * s[i / m.block];
+      break;
+    }
+    default: OPT_DASSERT(false);
+  }
+}
+
+// Element (r, c) of a packed matrix as float (tests, and what the kernels see).
+inline float packed_element(const PackedMatrix& m, int64_t r, int64_t c) {
+  const size_t off = size_t(c) * size_t(kPanel) + size_t(r % kPanel);
+  const std::byte* p = m.panel(r / kPanel);
+  switch (m.type) {
+    case dtype::F32: return reinterpret_cast<const float*>(p)[off];
+    case dtype::F16: return detail::f16_to_f32(reinterpret_cast<const uint16_t*>(p)[off]);
+    case dtype::BF16: return detail::bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[off]);
+    case dtype::I8:
+      return float(reinterpret_cast<const int8_t*>(p)[off]) *
+             m.panel_scales(r / kPanel)[size_t(c / m.block) * size_t(kPanel) + size_t(r % kPanel)];
+    default: return 0.0f;
+  }
+}
+
+// Repacks a row-major matrix (any of its types) into panels, split over the pool's threads by panel. A copy:
+// F32 keeps 4 bytes a weight, F16/BF16 2, I8 1 (+ its scales); the source can be released afterwards.
+inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool = nullptr) {
+  PackedWeights w;
+  PackedMatrix& m = w.m;
+  m.type = src.type, m.rows = src.rows, m.cols = src.cols, m.block = src.type == dtype::I8 ? src.block : 0;
+  const size_t es = dtype_size(src.type);
+  const int64_t np = m.panels(), K = src.cols, nb = m.blocks();
+  w.values.assign(size_t(np) * size_t(kPanel) * size_t(K) * es, std::byte{0});
+  if (src.type == dtype::I8) w.scales.assign(size_t(np) * size_t(nb) * size_t(kPanel), 0.0f);
+  m.data = w.values.data();
+  m.scale = w.scales.empty() ? nullptr : w.scales.data();
+  auto panels = [&](size_t b, size_t e) {
+    for (int64_t p = int64_t(b); p < int64_t(e); ++p) {
+      std::byte* dst = w.values.data() + size_t(p) * size_t(kPanel) * size_t(K) * es;
+      for (int64_t j = 0; j < kPanel && p * kPanel + j < src.rows; ++j) {
+        const int64_t r = p * kPanel + j;
+        const std::byte* row = src.row_ptr(r);
+        for (int64_t c = 0; c < K; ++c) std::memcpy(dst + (size_t(c) * size_t(kPanel) + size_t(j)) * es, row + size_t(c) * es, es);
+        if (src.type == dtype::I8)
+          for (int64_t bl = 0; bl < nb; ++bl)
+            w.scales[(size_t(p) * size_t(nb) + size_t(bl)) * size_t(kPanel) + size_t(j)] = src.scale[size_t(r * nb + bl)];
+      }
+    }
+  };
+  if (pool) pool->parallel_for(size_t(np), 4, panels);
+  else panels(0, size_t(np));
+  return w;
+}
+
+}  // namespace ops
+OPT_NAMESPACE_END

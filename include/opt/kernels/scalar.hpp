@@ -1,0 +1,68 @@
+// The portable scalar kernels: generic.hpp with one f32 lane per "vector" (std::fma for every FMA). Runs
+// everywhere; the reference for what every other ISA must reproduce bit for bit.
+#pragma once
+#include "opt/kernels/prelude.hpp"
+
+OPT_NAMESPACE_BEGIN
+namespace kernels {
+namespace scalar_isa {
+
+struct Simd {
+  static constexpr isa id = isa::scalar;
+  static constexpr int W = 1;
+  static constexpr int kMR = 4, kNP = 1;  // tile: up to 4 tokens x 1 panel
+  static constexpr int np_for(int) { return 1; }
+  using V = float;
+  static V zero() { return 0.0f; }
+  static V set1(float v) { return v; }
+  static V load(const float* p) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static V mul(V a, V b) { return a * b; }
+  static V add(V a, V b) { return a + b; }
+  static V sub(V a, V b) { return a - b; }
+  static V div(V a, V b) { return a / b; }
+  static V fma(V a, V b, V c) { return std::fma(a, b, c); }
+  static V max(V a, V b) { return a > b ? a : b; }
+  static V min(V a, V b) { return a < b ? a : b; }
+  static V select_lt(V a, V b, V t, V f) { return a < b ? t : f; }
+  static V round_even(V x) { return std::nearbyint(x); }
+  static V pow2i(V n) {
+    const uint32_t u = uint32_t(int32_t(n) + 127) << 23;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static V abs(V x) { return std::fabs(x); }
+  static V copysign(V m, V s) { return std::copysign(m, s); }
+  static void keep(V& v) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(v));
+#elif defined(__GNUC__) && defined(__aarch64__)
+    __asm__("" : "+w"(v));
+#else
+    volatile float t = v;
+    v = t;
+#endif
+  }
+  static void load_f16x16(const uint16_t* p, V* o) {
+    for (int i = 0; i < 16; ++i) o[i] = opt::detail::f16_to_f32(p[i]);
+  }
+  static void load_bf16x16(const uint16_t* p, V* o) {
+    for (int i = 0; i < 16; ++i) o[i] = opt::detail::bf16_to_f32(p[i]);
+  }
+  static void load_i8x16(const int8_t* p, V* o) {
+    for (int i = 0; i < 16; ++i) o[i] = float(p[i]);
+  }
+  static float reduce16(const V* a) {
+    float b[8], c[4];
+    for (int l = 0; l < 8; ++l) b[l] = a[l] + a[l + 8];
+    for (int l = 0; l < 4; ++l) c[l] = b[l] + b[l + 4];
+    return (c[0] + c[2]) + (c[1] + c[3]);
+  }
+};
+
+#include "opt/kernels/generic.hpp"
+
+}  // namespace scalar_isa
+}  // namespace kernels
+OPT_NAMESPACE_END
