@@ -1,7 +1,7 @@
 // End-to-end speed of the opt-125m shape (random weights, written once under $OPT_BENCH_DIR or
 // <build>/bench-models), each figure set against its hardware floor measured in the same run:
 //   BM_ReadBandwidth   sustained read bandwidth over a buffer as large as the f32 weights (1 and 2 threads)
-//   BM_PeakFlops       FMA peak: 16 independent AVX-512 FMA chains per thread (1 and 2 threads)
+//   BM_PeakFlops       FMA peak: independent chains of the widest FMA this CPU has, per thread (1 and 2 threads)
 //   BM_Decode          batch 1, 7-token prompt, 50 new tokens: ms/token, and x_floor = ms / (bytes per token / BW)
 //   BM_Seed4           4 prompts of 3-7 tokens, 50 new tokens: ms/step, total ms, step / batch-1 step
 //   BM_Prefill512      one 512-token pass: ms, and x_floor = ms / (FLOPs / peak FLOP/s)
@@ -28,14 +28,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-// GCC 12 reports its own _mm512_undefined_ps() inside the AVX-512 intrinsics headers as maybe-uninitialized.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "floors.hpp"
 
 namespace {
 
@@ -88,27 +81,7 @@ const opt::Model& model(const std::string& type) {
 // ---- the machine's floors ------------------------------------------------------------------------------------
 double read_pass(opt::ThreadPool& pool, const float* buf, size_t n) {
   std::vector<double> part(pool.size(), 0.0);
-  pool.parallel_for_t(n, 4096, [&](size_t t, size_t b, size_t e) {
-#if defined(__AVX512F__)
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    size_t i = b;
-    for (; i + 64 <= e; i += 64) {
-      a0 = _mm512_add_ps(a0, _mm512_loadu_ps(buf + i));
-      a1 = _mm512_add_ps(a1, _mm512_loadu_ps(buf + i + 16));
-      a2 = _mm512_add_ps(a2, _mm512_loadu_ps(buf + i + 32));
-      a3 = _mm512_add_ps(a3, _mm512_loadu_ps(buf + i + 48));
-    }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-    for (; i < e; ++i) s += buf[i];
-#else
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    size_t i = b;
-    for (; i + 4 <= e; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
-    float s = s0 + s1 + s2 + s3;
-    for (; i < e; ++i) s += buf[i];
-#endif
-    part[t] = s;
-  });
+  pool.parallel_for_t(n, 4096, [&](size_t t, size_t b, size_t e) { part[t] += opt_bench::read_sum(buf + b, e - b); });
   double s = 0;
   for (double p : part) s += p;
   return s;
@@ -130,47 +103,32 @@ double bandwidth(size_t threads) {
   return memo[threads] = median(gbps);
 }
 
-// FLOP/s of fused multiply-adds: 16 independent chains of 16-lane FMAs per thread (2 FLOPs per lane).
+// FLOP/s of fused multiply-adds: independent chains of the widest FMA per thread (bench/floors.hpp).
 double peak_flops(size_t threads) {
   static std::map<size_t, double> memo;
   if (memo.count(threads)) return memo[threads];
   opt::ThreadPool pool(threads);
-  const long iters = 20'000'000;
+  const long iters = 20'000'000 / 16;
   std::vector<double> r;
   for (int rep = 0; rep < 3 + reps(); ++rep) {
+    std::vector<double> flops(threads, 0.0);
     auto t0 = clk::now();
-    pool.run([&](size_t) {
-#if defined(__AVX512F__)
-      __m512 a[16];
-      for (int j = 0; j < 16; ++j) a[j] = _mm512_set1_ps(float(j));
-      const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-      for (long i = 0; i < iters / 16; ++i)
-        for (int j = 0; j < 16; ++j) a[j] = _mm512_fmadd_ps(a[j], m, c);
-      __m512 s = a[0];
-      for (int j = 1; j < 16; ++j) s = _mm512_add_ps(s, a[j]);
-      benchmark::DoNotOptimize(s);
-#else
-      float a[16][8];
-      for (int j = 0; j < 16; ++j)
-        for (int l = 0; l < 8; ++l) a[j][l] = float(j);
-      for (long i = 0; i < iters / 16; ++i)
-        for (int j = 0; j < 16; ++j)
-          for (int l = 0; l < 8; ++l) a[j][l] = a[j][l] * 0.999999f + 1e-7f;
-      benchmark::DoNotOptimize(a);
-#endif
-    });
-    const double lanes = 
-#if defined(__AVX512F__)
-        16;
-#else
-        8;
-#endif
-    r.push_back(double(threads) * double(iters / 16) * 16.0 * lanes * 2.0 / (ms_since(t0) * 1e-3));
+    pool.run([&](size_t t) { flops[t] = opt_bench::fma_chains(iters); });
+    double total = 0;
+    for (double f : flops) total += f;
+    r.push_back(total / (ms_since(t0) * 1e-3));
   }
   return memo[threads] = median(r);
 }
 
+// Which kernels ran and which the floors used: every figure carries them.
+void label_isa(benchmark::State& state) {
+  state.SetLabel(std::string("kernels=") + opt::kernels::to_string(opt::kernels::active_isa()) +
+                 " floors=" + opt::kernels::to_string(opt_bench::floor_isa()));
+}
+
 void BM_ReadBandwidth(benchmark::State& state) {
+  label_isa(state);
   const size_t threads = size_t(state.range(0));
   for (auto _ : state) state.SetIterationTime(1e-3);
   state.counters["GBps"] = bandwidth(threads);
@@ -179,6 +137,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
 BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_PeakFlops(benchmark::State& state) {
+  label_isa(state);
   const size_t threads = size_t(state.range(0));
   for (auto _ : state) state.SetIterationTime(1e-3);
   state.counters["GFLOPs"] = peak_flops(threads) / 1e9;
@@ -206,6 +165,7 @@ void set_floor(benchmark::State& state, double ms, double bytes, size_t threads)
 }
 
 void BM_Decode(benchmark::State& state, std::string type) {
+  label_isa(state);
   const size_t threads = size_t(state.range(0));
   const opt::Model& m = model(type);
   opt::Workspace ws(threads);
@@ -235,6 +195,7 @@ void BM_Decode(benchmark::State& state, std::string type) {
 }
 
 void BM_Seed4(benchmark::State& state, std::string type) {
+  label_isa(state);
   const size_t threads = size_t(state.range(0));
   const opt::Model& m = model(type);
   opt::Workspace ws(threads);
@@ -283,6 +244,7 @@ double prefill_flops(const opt::Config& c, double T) {
 }
 
 void BM_Prefill512(benchmark::State& state, std::string type) {
+  label_isa(state);
   const size_t threads = size_t(state.range(0));
   const opt::Model& m = model(type);
   opt::Workspace ws(threads);
@@ -312,6 +274,7 @@ void BM_Prefill512(benchmark::State& state, std::string type) {
 }
 
 void BM_LoadTTFT(benchmark::State& state, std::string type) {
+  label_isa(state);
   const size_t threads = size_t(state.range(0));
   const auto dir = checkpoint(type);
   { opt::Model warm = opt::Model::load(dir, load_options(type)); }  // page cache warm
@@ -358,6 +321,7 @@ int rss_child(const std::string& type, size_t threads) {
 }
 
 void BM_PeakRSS(benchmark::State& state, std::string type) {
+  label_isa(state);
   const size_t threads = size_t(state.range(0));
   const auto dir = checkpoint(type);
   long rss_kib = 0;
@@ -384,6 +348,7 @@ void BM_PeakRSS(benchmark::State& state, std::string type) {
 // int8 against f32 on the 125m-shape model: max |logit error| over the seed prompts' prompt passes, and greedy
 // agreement over 50 new tokens (tokens equal before the first divergence / all tokens).
 void BM_Int8Error(benchmark::State& state, bool lm_head_int8) {
+  label_isa(state);
   const opt::Model& f = model("f32");
   opt::LoadOptions lo;
   lo.quantize = opt::quantization::int8;

@@ -75,7 +75,7 @@ void BM_Linear(benchmark::State& state) {
   const double it = double(state.iterations());
   state.counters["GBps"] = benchmark::Counter(double(w.ref.bytes()) * it / 1e9, benchmark::Counter::kIsRate);
   state.counters["GFLOPs"] = benchmark::Counter(2.0 * double(n * R * K) * it / 1e9, benchmark::Counter::kIsRate);
-  state.SetLabel(opt::to_string(t));
+  state.SetLabel(std::string(opt::to_string(t)) + " kernels=" + opt::kernels::to_string(opt::kernels::active_isa()));
 }
 // GEMV (decode) per dtype: fc1 [3072, 768], fc2 [768, 3072], LM head [50272, 768]
 BENCHMARK(BM_Linear)
@@ -91,6 +91,8 @@ BENCHMARK(BM_Linear)
     ->Args({512, 768, 3072, 0, 2})
     ->Args({512, 3072, 768, 0, 1})
     ->Args({512, 3072, 768, 2, 2})
+    ->Args({512, 3072, 256, 0, 1})
+    ->Args({48, 3072, 768, 0, 1})
     ->Unit(benchmark::kMillisecond);
 
 // Args: {past, n, threads}: 12 heads of 64

@@ -133,33 +133,43 @@ inline typename S::V tanh(typename S::V x) {
 }
 }  // namespace fn
 
-// act(v) for one value: what the linear epilogue and activate() apply.
-inline float activate1(activation a, float v) {
+// act(v) lane by lane, for any lane type S: what the linear epilogue and activate() apply.
+template <class S>
+inline typename S::V act(activation a, typename S::V v) {
+  using T = typename S::V;
+  const T one = S::set1(1.0f);
   switch (a) {
-    case activation::relu: return v > 0.0f ? v : 0.0f;
+    case activation::relu: return S::max(v, S::zero());  // v > 0 ? v : 0
     case activation::gelu: {  // 0.5 v (1 + erf(v / sqrt 2))
-      const float e = fn::erf<One>(v * 0.70710678118654752f);
-      return opaque(0.5f * v) * (1.0f + e);
+      const T e = fn::erf<S>(S::mul(v, S::set1(0.70710678118654752f)));
+      T h = S::mul(S::set1(0.5f), v);
+      S::keep(h);
+      return S::mul(h, S::add(one, e));
     }
     case activation::gelu_new: {  // 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
-      const float v3 = opaque(opaque(v * v) * v);
-      const float t = fn::tanh<One>(0.79788456080286536f * std::fma(0.044715f, v3, v));
-      return opaque(0.5f * v) * (1.0f + t);
+      T v2 = S::mul(v, v);
+      S::keep(v2);
+      T v3 = S::mul(v2, v);
+      S::keep(v3);
+      const T t = fn::tanh<S>(S::mul(S::set1(0.79788456080286536f), S::fma(S::set1(0.044715f), v3, v)));
+      T h = S::mul(S::set1(0.5f), v);
+      S::keep(h);
+      return S::mul(h, S::add(one, t));
     }
-    case activation::silu: return v / (1.0f + fn::exp<One>(-v));
-    case activation::quick_gelu: return v / (1.0f + fn::exp<One>(-1.702f * v));
-    case activation::tanh: return fn::tanh<One>(v);
-    case activation::sigmoid: return 1.0f / (1.0f + fn::exp<One>(-v));
+    case activation::silu: return S::div(v, S::add(one, fn::exp<S>(S::mul(S::set1(-1.0f), v))));
+    case activation::quick_gelu: return S::div(v, S::add(one, fn::exp<S>(S::mul(S::set1(-1.702f), v))));
+    case activation::tanh: return fn::tanh<S>(v);
+    case activation::sigmoid: return S::div(one, S::add(one, fn::exp<S>(S::mul(S::set1(-1.0f), v))));
   }
   return v;
 }
 
+inline float activate1(activation a, float v) { return act<One>(a, v); }
+
 inline void activate(activation a, float* x, int64_t n) {
-  if (a == activation::relu) {
-    for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) x[i] = activate1(a, x[i]);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) Simd::store(x + i, act<Simd>(a, Simd::load(x + i)));
+  for (; i < n; ++i) x[i] = activate1(a, x[i]);
 }
 
 // ---- linear: outer-product tiles over panels ------------------------------------------------------------------
@@ -169,6 +179,25 @@ inline float finish(const ops::LinearSeg& g, int64_t r, float v, float old) {
   if (g.ep.has_act) v = opaque(activate1(g.ep.act, v));
   if (g.ep.residual) v = old + v;
   return v;
+}
+
+// The epilogue of kPanel consecutive outputs v[0, 16) of rows [r, r + 16) into y[0, 16): finish() lane by lane.
+inline void finish16(const ops::LinearSeg& g, int64_t r, const float* v, float* y) {
+  OPT_K_UNROLL
+  for (int c = 0; c < VP; ++c) {
+    V a = Simd::load(v + c * W);
+    if (g.bias) a = Simd::add(a, Simd::load(g.bias + r + c * W));
+    if (g.ep.has_scale) {
+      a = Simd::mul(a, Simd::set1(g.ep.scale));
+      Simd::keep(a);
+    }
+    if (g.ep.has_act) {
+      a = act<Simd>(g.ep.act, a);
+      Simd::keep(a);
+    }
+    if (g.ep.residual) a = Simd::add(Simd::load(y + c * W), a);
+    Simd::store(y + c * W, a);
+  }
 }
 
 // One panel column (kPanel weights of consecutive rows at column k) as VP vectors of f32.
@@ -189,8 +218,10 @@ inline void load_column(const std::byte* panel, int64_t k, V* out) {
 
 // out[m][j] (m < MR tokens, j < NP * kPanel rows of panels p0 ..) = sum_k x[m, k] * w[row j, k], one sequential
 // FMA chain per output. The NP * VP weight vectors of a column are loaded once and feed MR FMAs each.
+// Not inlined: a tile gets the whole register file to itself (inlined into the loops around it, GCC spilled
+// accumulators to the stack).
 template <dtype T, int MR, int NP>
-inline void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out) {
+__attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out) {
   V acc[MR][NP][VP];
   OPT_K_UNROLL
   for (int m = 0; m < MR; ++m)
@@ -290,14 +321,16 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
       // out holds [m][np][kPanel] (one call) or np blocks of [m][kPanel] (the split tail)
       const bool split = !(m == Simd::kMR || n <= Simd::kMR) && np > 1;
       for (int mm = 0; mm < m; ++mm)
-        for (int q = 0; q < np; ++q)
-          for (int j = 0; j < int(ops::kPanel); ++j) {
-            const int64_t r = (p + q) * ops::kPanel + j;
-            if (r >= w.rows) break;
-            const float v = split ? out[(q * m + mm) * ops::kPanel + j] : out[(mm * np + q) * ops::kPanel + j];
-            float& y = g.y[(i + mm) * g.ldy + r];
-            y = finish(g, r, v, y);
+        for (int q = 0; q < np; ++q) {
+          const float* v = split ? out + (q * m + mm) * ops::kPanel : out + (mm * np + q) * ops::kPanel;
+          const int64_t r0 = (p + q) * ops::kPanel;
+          float* y = g.y + (i + mm) * g.ldy + r0;
+          if (r0 + ops::kPanel <= w.rows) {
+            finish16(g, r0, v, y);
+          } else {
+            for (int64_t j = 0; r0 + j < w.rows; ++j) y[j] = finish(g, r0 + j, v[j], y[j]);
           }
+        }
     }
     p += np;
   }
