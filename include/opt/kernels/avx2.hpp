@@ -21,6 +21,7 @@ struct Simd {
   static constexpr isa id = isa::avx2;
   static constexpr int W = 8;
   static constexpr int kMR = 6, kNP = 1;  // 6 tokens x 1 panel: 12 accumulators of the 16 registers
+  static constexpr int kRegs = 16;
   static constexpr int np_for(int m) { return m == 1 ? 4 : m <= 3 ? 2 : 1; }
   using V = __m256;
   static V zero() { return _mm256_setzero_ps(); }
@@ -45,19 +46,13 @@ struct Simd {
     return _mm256_or_ps(_mm256_andnot_ps(sign, m), _mm256_and_ps(sign, s));
   }
   static void keep(V& v) { __asm__("" : "+x"(v)); }
-  static void load_f16x16(const uint16_t* p, V* o) {
-    o[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    o[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-  }
-  static void load_bf16x16(const uint16_t* p, V* o) {
-    o[0] = _mm256_castsi256_ps(
+  static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V load_bf16(const uint16_t* p) {
+    return _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-    o[1] = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))), 16));
   }
-  static void load_i8x16(const int8_t* p, V* o) {
-    o[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-    o[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))));
+  static V load_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
   // lanes 0-7 in a[0], 8-15 in a[1]: (l, l+8), (l, l+4), (l, l+2), (l, l+1)
   static float reduce16(const V* a) {

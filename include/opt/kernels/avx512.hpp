@@ -27,6 +27,7 @@ struct Simd {
   static constexpr isa id = isa::avx512;
   static constexpr int W = 16;
   static constexpr int kMR = 8, kNP = 2;  // 8 tokens x 2 panels: 16 accumulators of the 32 registers
+  static constexpr int kRegs = 32;
   static constexpr int np_for(int m) { return m == 1 ? 8 : m <= 3 ? 4 : 2; }
   using V = __m512;
   static V zero() { return _mm512_setzero_ps(); }
@@ -54,15 +55,13 @@ struct Simd {
     return _mm512_castsi512_ps(_mm512_or_si512(mag, sgn));
   }
   static void keep(V& v) { __asm__("" : "+v"(v)); }
-  static void load_f16x16(const uint16_t* p, V* o) {
-    o[0] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-  static void load_bf16x16(const uint16_t* p, V* o) {
-    o[0] = _mm512_castsi512_ps(
+  static V load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V load_bf16(const uint16_t* p) {
+    return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
   }
-  static void load_i8x16(const int8_t* p, V* o) {
-    o[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  static V load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
   // (l, l+8), (l, l+4), (l, l+2), (l, l+1)
   static float reduce16(const V* a) {

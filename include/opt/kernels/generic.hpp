@@ -200,20 +200,17 @@ inline void finish16(const ops::LinearSeg& g, int64_t r, const float* v, float* 
   }
 }
 
-// One panel column (kPanel weights of consecutive rows at column k) as VP vectors of f32.
+constexpr int64_t kPrefetch = 2048;
+constexpr int64_t dtype_size_c(dtype t) { return t == dtype::F32 ? 4 : t == dtype::I8 ? 1 : 2; }
+
+// Vector v (W weights of consecutive rows) of panel column k, widened to f32.
 template <dtype T>
-inline void load_column(const std::byte* panel, int64_t k, V* out) {
-  if constexpr (T == dtype::F32) {
-    const float* p = reinterpret_cast<const float*>(panel) + k * ops::kPanel;
-    OPT_K_UNROLL
-    for (int v = 0; v < VP; ++v) out[v] = Simd::load(p + v * W);
-  } else if constexpr (T == dtype::F16) {
-    Simd::load_f16x16(reinterpret_cast<const uint16_t*>(panel) + k * ops::kPanel, out);
-  } else if constexpr (T == dtype::BF16) {
-    Simd::load_bf16x16(reinterpret_cast<const uint16_t*>(panel) + k * ops::kPanel, out);
-  } else {
-    Simd::load_i8x16(reinterpret_cast<const int8_t*>(panel) + k * ops::kPanel, out);
-  }
+inline V load_w(const std::byte* panel, int64_t k, int v) {
+  const int64_t e = k * ops::kPanel + v * W;
+  if constexpr (T == dtype::F32) return Simd::load(reinterpret_cast<const float*>(panel) + e);
+  else if constexpr (T == dtype::F16) return Simd::load_f16(reinterpret_cast<const uint16_t*>(panel) + e);
+  else if constexpr (T == dtype::BF16) return Simd::load_bf16(reinterpret_cast<const uint16_t*>(panel) + e);
+  else return Simd::load_i8(reinterpret_cast<const int8_t*>(panel) + e);
 }
 
 // out[m][j] (m < MR tokens, j < NP * kPanel rows of panels p0 ..) = sum_k x[m, k] * w[row j, k], one sequential
@@ -222,6 +219,9 @@ inline void load_column(const std::byte* panel, int64_t k, V* out) {
 // accumulators to the stack).
 template <dtype T, int MR, int NP>
 __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out) {
+  // all NP * VP weight vectors of a column live at once when the registers allow it; else one panel's at a time
+  // (the MR broadcasts then repeat per panel)
+  constexpr bool kAllW = MR * NP * VP + NP * VP + 1 <= Simd::kRegs;
   V acc[MR][NP][VP];
   OPT_K_UNROLL
   for (int m = 0; m < MR; ++m)
@@ -234,6 +234,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   for (int p = 0; p < NP; ++p) pp[p] = w.panel(p0 + p);
   const int64_t B = T == dtype::I8 ? w.block : K;
   const int64_t nb = T == dtype::I8 ? w.blocks() : 1;
+  constexpr int64_t kColBytes = ops::kPanel * dtype_size_c(T);
   for (int64_t b = 0; b < nb; ++b) {
     const float* sc[NP];
     if constexpr (T == dtype::I8) {
@@ -242,24 +243,49 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
     }
     const int64_t k1 = std::min(K, (b + 1) * B);
     for (int64_t k = b * B; k < k1; ++k) {
-      V wv[NP][VP];
+      // a panel is one long sequential stream: ask for it kPrefetch bytes ahead (one or two streams per core
+      // are too few for the hardware prefetcher at decode's rate)
       OPT_K_UNROLL
-      for (int p = 0; p < NP; ++p) {
-        load_column<T>(pp[p], k, wv[p]);
-        OPT_K_UNROLL
-        for (int v = 0; v < VP; ++v) {
-          if constexpr (T == dtype::I8) wv[p][v] = Simd::mul(wv[p][v], Simd::load(sc[p] + v * W));
-          Simd::keep(wv[p][v]);  // in a register: not re-loaded (and re-widened) for each of the MR FMAs
-        }
-      }
-      OPT_K_UNROLL
-      for (int m = 0; m < MR; ++m) {
-        V xb = Simd::set1(x[m * ldx + k]);
-        Simd::keep(xb);
+      for (int p = 0; p < NP; ++p) __builtin_prefetch(pp[p] + k * kColBytes + kPrefetch);
+      if constexpr (kAllW) {
+        V wv[NP][VP];
         OPT_K_UNROLL
         for (int p = 0; p < NP; ++p)
           OPT_K_UNROLL
-          for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::fma(xb, wv[p][v], acc[m][p][v]);
+          for (int v = 0; v < VP; ++v) {
+            V t = load_w<T>(pp[p], k, v);
+            if constexpr (T == dtype::I8) t = Simd::mul(t, Simd::load(sc[p] + v * W));
+            Simd::keep(t);  // in a register: not re-loaded (and re-widened) for each of the MR FMAs
+            wv[p][v] = t;
+          }
+        OPT_K_UNROLL
+        for (int m = 0; m < MR; ++m) {
+          V xb = Simd::set1(x[m * ldx + k]);
+          Simd::keep(xb);
+          OPT_K_UNROLL
+          for (int p = 0; p < NP; ++p)
+            OPT_K_UNROLL
+            for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::fma(xb, wv[p][v], acc[m][p][v]);
+        }
+      } else {
+        OPT_K_UNROLL
+        for (int p = 0; p < NP; ++p) {
+          V wv[VP];
+          OPT_K_UNROLL
+          for (int v = 0; v < VP; ++v) {
+            V t = load_w<T>(pp[p], k, v);
+            if constexpr (T == dtype::I8) t = Simd::mul(t, Simd::load(sc[p] + v * W));
+            Simd::keep(t);
+            wv[v] = t;
+          }
+          OPT_K_UNROLL
+          for (int m = 0; m < MR; ++m) {
+            V xb = Simd::set1(x[m * ldx + k]);
+            Simd::keep(xb);
+            OPT_K_UNROLL
+            for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::fma(xb, wv[v], acc[m][p][v]);
+          }
+        }
       }
     }
   }
@@ -311,9 +337,14 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   const int64_t K = w.cols;
   alignas(64) float out[Simd::kMR * 8 * ops::kPanel];
   const int group = n <= Simd::kMR ? Simd::np_for(int(n)) : Simd::kNP;
+  // prefill: token rows in blocks whose x rows stay in L2 (~256 KiB) while every panel of the range passes over
+  // them; each output is still one tile's, so the blocking changes no result
+  const int64_t rows_block =
+      n <= Simd::kMR ? n : std::max<int64_t>(Simd::kMR, (int64_t(256) * 1024 / (K * 4)) / Simd::kMR * Simd::kMR);
+  for (int64_t i0 = 0; i0 < n; i0 += rows_block)
   for (int64_t p = p0; p < p1;) {
     const int np = p + group <= p1 ? group : 1;
-    for (int64_t i = 0; i < n; i += Simd::kMR) {
+    for (int64_t i = i0; i < std::min(n, i0 + rows_block); i += Simd::kMR) {
       const int m = int(std::min<int64_t>(Simd::kMR, n - i));
       tile_any<T>(m, m == Simd::kMR || n <= Simd::kMR ? np : 1, x + i * K, K, K, w, p, out);
       if (!(m == Simd::kMR || n <= Simd::kMR) && np > 1)

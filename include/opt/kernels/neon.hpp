@@ -15,6 +15,7 @@ struct Simd {
   static constexpr isa id = isa::neon;
   static constexpr int W = 4;
   static constexpr int kMR = 6, kNP = 1;  // 6 tokens x 1 panel: 24 accumulators of the 32 registers
+  static constexpr int kRegs = 32;
   static constexpr int np_for(int m) { return m <= 2 ? 2 : 1; }
   using V = float32x4_t;
   static V zero() { return vdupq_n_f32(0.0f); }
@@ -36,19 +37,13 @@ struct Simd {
   static V abs(V x) { return vabsq_f32(x); }
   static V copysign(V m, V s) { return vbslq_f32(vdupq_n_u32(0x80000000u), s, m); }
   static void keep(V& v) { __asm__("" : "+w"(v)); }
-  static void load_f16x16(const uint16_t* p, V* o) {
-    for (int i = 0; i < 4; ++i) o[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + 4 * i)));
-  }
-  static void load_bf16x16(const uint16_t* p, V* o) {
-    for (int i = 0; i < 4; ++i) o[i] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p + 4 * i), 16));
-  }
-  static void load_i8x16(const int8_t* p, V* o) {
-    const int8x16_t b = vld1q_s8(p);
-    const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_s8(vget_high_s8(b));
-    o[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
-    o[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo)));
-    o[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
-    o[3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)));
+  static V load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+  static V load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+  static V load_i8(const int8_t* p) {
+    int32_t four;
+    std::memcpy(&four, p, 4);
+    const int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(four)));
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
   }
   // lanes 0-3, 4-7, 8-11, 12-15 in a[0..3]: (l, l+8), (l, l+4), (l, l+2), (l, l+1)
   static float reduce16(const V* a) {

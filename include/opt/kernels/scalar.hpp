@@ -11,6 +11,7 @@ struct Simd {
   static constexpr isa id = isa::scalar;
   static constexpr int W = 1;
   static constexpr int kMR = 4, kNP = 1;  // tile: up to 4 tokens x 1 panel
+  static constexpr int kRegs = 1 << 20;   // not register-bound: no reordering needed
   static constexpr int np_for(int) { return 1; }
   using V = float;
   static V zero() { return 0.0f; }
@@ -44,15 +45,9 @@ struct Simd {
     v = t;
 #endif
   }
-  static void load_f16x16(const uint16_t* p, V* o) {
-    for (int i = 0; i < 16; ++i) o[i] = opt::detail::f16_to_f32(p[i]);
-  }
-  static void load_bf16x16(const uint16_t* p, V* o) {
-    for (int i = 0; i < 16; ++i) o[i] = opt::detail::bf16_to_f32(p[i]);
-  }
-  static void load_i8x16(const int8_t* p, V* o) {
-    for (int i = 0; i < 16; ++i) o[i] = float(p[i]);
-  }
+  static V load_f16(const uint16_t* p) { return opt::detail::f16_to_f32(*p); }
+  static V load_bf16(const uint16_t* p) { return opt::detail::bf16_to_f32(*p); }
+  static V load_i8(const int8_t* p) { return float(*p); }
   static float reduce16(const V* a) {
     float b[8], c[4];
     for (int l = 0; l < 8; ++l) b[l] = a[l] + a[l + 8];
