@@ -1,10 +1,12 @@
-// Each kernel of ops.hpp against its plain reference in opt::ref (ops_ref.hpp), on odd sizes, with tolerances
-// derived from the problem: a length-K f32 dot product is within c * K * eps * max|x| * max|w| of the exact sum.
-// Also the invariances the kernels promise: a value does not depend on the thread count, on the batch it is in
-// (GEMM tiles vs one row alone) or on which fused segment it belongs to.
+// Each kernel against its plain Eigen reference in opt::ref (kernels/reference.hpp), on odd sizes, on every ISA
+// this CPU runs, with tolerances derived from the problem: a length-K f32 dot product is within
+// c * K * eps * max|x| * max|w| of the exact sum. Also the invariances the kernels promise: a value does not
+// depend on the thread count, on the batch it is in (tile shapes), on which fused segment it belongs to, nor on
+// the instruction set (every ISA's bits equal the scalar kernels').
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <opt/ops.hpp>
 #include <opt/ops_ref.hpp>
 #include <opt/quantize.hpp>
@@ -29,6 +31,21 @@ float maxabs(const std::vector<float>& v) {
 }
 constexpr double kEps = 1.1920929e-7;
 
+// Runs body() once per ISA this CPU runs (the dispatch switched to it), then restores the ISA in use.
+template <class F>
+void for_each_isa(F&& body) {
+  const opt::kernels::isa was = opt::kernels::active_isa();
+  for (opt::kernels::isa i : opt::kernels::available_isas()) {
+    INFO("isa " << opt::kernels::to_string(i));
+    opt::kernels::set_isa(i);
+    body(i);
+  }
+  opt::kernels::set_isa(was);
+}
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 // Weights of a given storage type plus the f32 values they hold.
 using W = opt_test::StoredWeights;
 W make(opt::dtype t, int64_t rows, int64_t cols, uint32_t seed) {
@@ -37,8 +54,9 @@ W make(opt::dtype t, int64_t rows, int64_t cols, uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, tiles and tails") {
+TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, tiles and tails, on every ISA") {
   opt::ThreadPool pool2(2), pool3(3);
+  for_each_isa([&](opt::kernels::isa) {
   for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8})
     for (int64_t K : {1, 15, 16, 17, 63, 64, 65, 130, 257, 1100, 2061})
       for (int64_t R : {1, 3, 4, 7, 18})
@@ -64,6 +82,7 @@ TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, til
           opt::ops::linear(pool3, x.data(), n, w.ref, b.data(), g3.data());
           CHECK(g3 == got);
         }
+  });
 }
 
 TEST_CASE("fused segments and epilogues equal the separate ops") {
@@ -126,4 +145,95 @@ TEST_CASE("attention matches opt::ref::attention; prompt pass equals step by ste
     }
     CHECK(same);
   }
+}
+
+TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
+  const opt::kernels::isa was = opt::kernels::active_isa();
+  MESSAGE("ISAs on this machine: " << opt::kernels::available_isas_string());
+  opt::ThreadPool pool(2);
+  // Everything below computed under one ISA, concatenated.
+  auto compute = [&]() {
+    std::vector<float> all;
+    auto put = [&](const std::vector<float>& v) { all.insert(all.end(), v.begin(), v.end()); };
+    // linear: every weight type, tile heights 1..13 tokens, row tails, every epilogue and activation
+    const opt::activation acts[] = {opt::activation::relu, opt::activation::gelu, opt::activation::gelu_new,
+                                    opt::activation::silu, opt::activation::quick_gelu, opt::activation::tanh,
+                                    opt::activation::sigmoid};
+    for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8})
+      for (int64_t K : {7, 64, 300})
+        for (int64_t R : {5, 16, 37})
+          for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
+            W w = make(t, R, K, uint32_t(K + R));
+            std::vector<float> x = randu(size_t(n * K), uint32_t(n), 2.0f), b = randu(size_t(R), 4);
+            std::vector<float> y = randu(size_t(n * R), 5);
+            opt::ops::Epilogue ep;
+            ep.has_act = true, ep.act = acts[size_t(n + K + R) % 7];
+            ep.has_scale = (n % 2) == 0, ep.scale = 0.3f;
+            ep.residual = (n % 3) == 0;
+            opt::ops::linear(pool, x.data(), n, w.ref, (R % 2) ? b.data() : nullptr, y.data(), ep);
+            put(y);
+          }
+    // activations over arrays (vector body and scalar tail), across the ranges where the approximations switch
+    std::vector<float> a = randu(1000, 9, 12.0f);
+    a.push_back(-100.0f), a.push_back(100.0f), a.push_back(0.0f), a.push_back(-0.0f), a.push_back(1e-6f);
+    for (opt::activation act : acts) {
+      std::vector<float> v = a;
+      opt::ops::activate(act, v.data(), int64_t(v.size()));
+      put(v);
+      for (float z : {-3.0f, 0.01f, 5.0f}) all.push_back(opt::ops::activate(act, z));
+    }
+    // layer norm, with and without the affine part
+    for (int64_t d : {1, 7, 64, 100}) {
+      std::vector<float> x = randu(size_t(3 * d), uint32_t(d), 3.0f), g = randu(size_t(d), 2), bb = randu(size_t(d), 3);
+      std::vector<float> y(x.size());
+      opt::ops::layer_norm(x.data(), 3, d, g.data(), bb.data(), 1e-5f, y.data());
+      put(y);
+      opt::ops::layer_norm(x.data(), 3, d, nullptr, nullptr, 1e-5f, y.data());
+      put(y);
+    }
+    // softmax's exp and sum
+    for (int64_t n : {1, 15, 16, 17, 100}) {
+      std::vector<float> sc = randu(size_t(n), uint32_t(n), 30.0f);
+      all.push_back(opt::ops::exp_sub_sum(sc.data(), n, 30.0f));
+      put(sc);
+    }
+    // attention: head sizes with and without a partial 16-lane chunk, prompt pass and decode
+    for (int64_t hd : {8, 16, 24, 64}) {
+      const int64_t nh = 3, H = nh * hd, past = 21, n = 5;
+      std::vector<float> q = randu(size_t(n * H), 1, 0.5f), k = randu(size_t((past + n) * H), 2, 2.0f),
+                         v = randu(size_t((past + n) * H), 3), out(size_t(n * H));
+      std::vector<float> scores(size_t(2 * (past + n)));
+      opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
+      put(out);
+    }
+    // the int8 quantizer
+    {
+      std::vector<float> w = randu(size_t(7 * 300), 11, 0.1f);
+      std::vector<int8_t> q(w.size());
+      std::vector<float> sc(size_t(7 * 3));
+      opt::ops::quantize_rows(w.data(), 300, 128, 0, 7, q.data(), sc.data());
+      put(sc);
+      for (int8_t c : q) all.push_back(float(c));
+    }
+    return all;
+  };
+  opt::kernels::set_isa(opt::kernels::isa::scalar);
+  const std::vector<float> want = compute();
+  size_t compared = 0;
+  for (opt::kernels::isa i : opt::kernels::available_isas()) {
+    if (i == opt::kernels::isa::scalar) continue;
+    INFO("isa " << opt::kernels::to_string(i));
+    opt::kernels::set_isa(i);
+    const std::vector<float> got = compute();
+    CHECK(same_bits(got, want));
+    if (!same_bits(got, want))
+      for (size_t j = 0; j < std::min(got.size(), want.size()); ++j)
+        if (std::memcmp(&got[j], &want[j], 4) != 0) {
+          FAIL_CHECK("first difference at " << j << ": " << got[j] << " vs scalar " << want[j]);
+          break;
+        }
+    ++compared;
+  }
+  MESSAGE(compared << " ISA(s) compared with scalar over " << want.size() << " values");
+  opt::kernels::set_isa(was);
 }

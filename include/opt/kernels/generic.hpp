@@ -438,29 +438,75 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) {
 }
 
 // ---- attention --------------------------------------------------------------------------------------------------
-// o[d] = sum_t p[t] * v[t, d] for d < hd, one sequential FMA chain over t per output (lanes run over d).
+// o[d] = sum_t p[t] * v[t, d] for d < hd, one sequential FMA chain over t per output (lanes run over d); up to
+// 8 vectors of outputs per pass over the rows.
+template <int NV>
+inline void weighted_sum_block(const float* p, int64_t len, const float* v, int64_t ld, float* o) {
+  V acc[NV];
+  OPT_K_UNROLL
+  for (int c = 0; c < NV; ++c) acc[c] = Simd::zero();
+  for (int64_t t = 0; t < len; ++t) {
+    const V pt = Simd::set1(p[t]);
+    OPT_K_UNROLL
+    for (int c = 0; c < NV; ++c) acc[c] = Simd::fma(pt, Simd::load(v + t * ld + c * W), acc[c]);
+  }
+  OPT_K_UNROLL
+  for (int c = 0; c < NV; ++c) Simd::store(o + c * W, acc[c]);
+}
 inline void weighted_sum(const float* p, int64_t len, const float* v, int64_t ld, int64_t hd, float* o) {
   int64_t d = 0;
-  for (; d + 4 * W <= hd; d += 4 * W) {
-    V acc[4] = {Simd::zero(), Simd::zero(), Simd::zero(), Simd::zero()};
-    for (int64_t t = 0; t < len; ++t) {
-      const V pt = Simd::set1(p[t]);
-      OPT_K_UNROLL
-      for (int c = 0; c < 4; ++c) acc[c] = Simd::fma(pt, Simd::load(v + t * ld + d + c * W), acc[c]);
-    }
-    OPT_K_UNROLL
-    for (int c = 0; c < 4; ++c) Simd::store(o + d + c * W, acc[c]);
-  }
-  for (; d + W <= hd; d += W) {
-    V acc = Simd::zero();
-    for (int64_t t = 0; t < len; ++t) acc = Simd::fma(Simd::set1(p[t]), Simd::load(v + t * ld + d), acc);
-    Simd::store(o + d, acc);
-  }
+  for (; d + 8 * W <= hd; d += 8 * W) weighted_sum_block<8>(p, len, v + d, ld, o + d);
+  for (; d + 4 * W <= hd; d += 4 * W) weighted_sum_block<4>(p, len, v + d, ld, o + d);
+  for (; d + W <= hd; d += W) weighted_sum_block<1>(p, len, v + d, ld, o + d);
   for (; d < hd; ++d) {
     float acc = 0.0f;
     for (int64_t t = 0; t < len; ++t) acc = std::fma(p[t], v[t * ld + d], acc);
     o[d] = acc;
   }
+}
+
+// s[t] = dot16(q, k[t]) for t < len, four keys at a time (independent chains, each exactly dot16); returns max.
+inline float kernels_scores(const float* q, const float* k, int64_t ld, int64_t hd, int64_t len, float* s) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int64_t t = 0;
+  const int64_t full = hd / 16 * 16;
+  alignas(64) float qt[16] = {}, kt[4][16] = {};
+  for (int64_t j = 0; full + j < hd; ++j) qt[j] = q[full + j];
+  for (; t + 4 <= len; t += 4) {
+    V acc[4][VP];
+    OPT_K_UNROLL
+    for (int j = 0; j < 4; ++j)
+      OPT_K_UNROLL
+      for (int v = 0; v < VP; ++v) acc[j][v] = Simd::zero();
+    for (int64_t d = 0; d < full; d += 16)
+      OPT_K_UNROLL
+      for (int v = 0; v < VP; ++v) {
+        const V qv = Simd::load(q + d + v * W);
+        OPT_K_UNROLL
+        for (int j = 0; j < 4; ++j) acc[j][v] = Simd::fma(qv, Simd::load(k + (t + j) * ld + d + v * W), acc[j][v]);
+      }
+    if (full < hd) {
+      for (int j = 0; j < 4; ++j)
+        for (int64_t e = 0; full + e < hd; ++e) kt[j][e] = k[(t + j) * ld + full + e];
+      OPT_K_UNROLL
+      for (int v = 0; v < VP; ++v) {
+        const V qv = Simd::load(qt + v * W);
+        OPT_K_UNROLL
+        for (int j = 0; j < 4; ++j) acc[j][v] = Simd::fma(qv, Simd::load(kt[j] + v * W), acc[j][v]);
+      }
+    }
+    for (int j = 0; j < 4; ++j) {
+      const float x = Simd::reduce16(acc[j]);
+      s[t + j] = x;
+      mx = x > mx ? x : mx;
+    }
+  }
+  for (; t < len; ++t) {
+    const float x = dot16(q, k + t * ld, hd);
+    s[t] = x;
+    mx = x > mx ? x : mx;
+  }
+  return mx;
 }
 
 // Causal attention of tokens [i0, i1) x heads [h0, h1) of n new tokens at positions [past, past + n):
@@ -474,12 +520,7 @@ inline void attention(const float* q, int64_t past, const float* k, const float*
     const int64_t len = past + i + 1;
     for (int64_t h = h0; h < h1; ++h) {
       const float* qi = q + i * H + h * head_dim;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < len; ++t) {
-        const float s = dot16(qi, k + t * ld + h * head_dim, head_dim);
-        scores[t] = s;
-        mx = s > mx ? s : mx;
-      }
+      const float mx = kernels_scores(qi, k + h * head_dim, ld, head_dim, len, scores);
       const float inv = 1.0f / exp_sub_sum(scores, len, mx);
       for (int64_t t = 0; t < len; ++t) scores[t] = scores[t] * inv;
       weighted_sum(scores, len, v + h * head_dim, ld, head_dim, out + i * ld_out + h * head_dim);

@@ -68,7 +68,7 @@ inline void attention_rows(const float* q, int64_t past, const float* k, const f
   kernels::active().attention(q, past, k, v, ld, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
 }
 
-// The same for all n tokens and heads, split over (token, head) pairs: each pair is computed whole by one thread.
+// The same for all n tokens and heads, split over (head, token) pairs: each pair is computed whole by one thread.
 // scores: (past + n) floats per pool thread.
 inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n, const float* k, const float* v,
                       int64_t ld, int64_t n_heads, int64_t head_dim, float* out, float* scores) {
@@ -77,7 +77,8 @@ inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n,
   pool.parallel_for_t(size_t(n * n_heads), 1, [&](size_t t, size_t b, size_t e) {
     float* sc = scores + t * size_t(len_max);
     for (size_t p = b; p < e; ++p) {
-      const int64_t i = int64_t(p) / n_heads, hh = int64_t(p) % n_heads;
+      // head-major: a thread walks the tokens of one head, whose key/value columns then stay in its cache
+      const int64_t hh = int64_t(p) / n, i = int64_t(p) % n;
       kt.attention(q, past, k, v, ld, n_heads, head_dim, out, H, sc, i, i + 1, hh, hh + 1);
     }
   });

@@ -1,0 +1,123 @@
+// The same bits on every instruction set: each fixture model (f32, f16, bf16 stored; also quantized to int8 at
+// load) runs its golden prompts (prompt pass with every logit, then greedy decode steps) under every ISA this CPU
+// has, and the logits must equal the scalar kernels' bit for bit; so do the greedy ids.
+//
+// Across machines: OPT_ISA_DIGEST_WRITE=FILE writes one FNV-1a digest of those logits per model and weight type;
+// OPT_ISA_DIGEST_EXPECT=FILE checks this machine's digests against such a file (CI: the aarch64 build under
+// qemu against the x86 build's).
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <opt/generate.hpp>
+#include <sstream>
+
+#include "shared.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct Run {
+  std::vector<float> logits;  // every logit, in order
+  std::vector<int32_t> ids;   // the greedy tokens
+};
+
+// Every golden case's unpadded rows: all prompt logits, then 6 greedy steps, each step's logits.
+Run run_model(const opt::Model& m, const json& goldens, size_t threads) {
+  Run r;
+  opt::Workspace ws(threads);
+  for (const json& cs : goldens.at("cases")) {
+    auto rows = opt::unpad(cs.at("input_ids").get<std::vector<std::vector<int32_t>>>(),
+                           cs.at("attention_mask").get<std::vector<std::vector<int32_t>>>());
+    for (const auto& row : rows) {
+      opt::KvCache kv(m.config());
+      opt::ForwardOptions fo;
+      fo.all_logits = true;
+      opt::LogitsView lv = m.forward({{&kv, row.data(), int64_t(row.size())}}, ws, fo);
+      r.logits.insert(r.logits.end(), lv.data, lv.data + lv.rows * lv.cols);
+      int32_t id = opt::argmax(lv.row(lv.rows - 1), lv.cols);
+      for (int s = 0; s < 6 && kv.size() < kv.capacity(); ++s) {
+        r.ids.push_back(id);
+        lv = m.forward({{&kv, &id, 1}}, ws);
+        r.logits.insert(r.logits.end(), lv.data, lv.data + lv.cols);
+        id = opt::argmax(lv.row(0), lv.cols);
+      }
+    }
+  }
+  return r;
+}
+
+uint64_t fnv1a(const std::vector<float>& v) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
+  return a.size() == b.size() ? size_t(-1) : std::min(a.size(), b.size());
+}
+
+struct IsaRestore {
+  opt::kernels::isa was = opt::kernels::active_isa();
+  ~IsaRestore() { opt::kernels::set_isa(was); }
+};
+
+}  // namespace
+
+TEST_CASE("every ISA gives the scalar kernels' bits on every fixture (f32/f16/bf16 weights and int8)") {
+  IsaRestore restore;
+  const std::vector<opt::kernels::isa> isas = opt::kernels::available_isas();
+  MESSAGE("ISAs on this machine: " << opt::kernels::available_isas_string());
+  REQUIRE(isas.front() == opt::kernels::isa::scalar);
+  std::map<std::string, uint64_t> digests;
+  size_t compared = 0;
+  for (const std::string& name : opt_test::fixture_models()) {
+    const json goldens = opt_test::read_json(opt_test::fixture_dir(name) / "goldens.json");
+    for (bool q8 : {false, true}) {
+      INFO("model " << name << (q8 ? " (int8)" : ""));
+      opt::LoadOptions lo;
+      if (q8) lo.quantize = opt::quantization::int8, lo.lm_head_int8 = true;
+      Run want;
+      for (opt::kernels::isa i : isas) {
+        INFO("isa " << opt::kernels::to_string(i));
+        opt::kernels::set_isa(i);
+        const opt::Model m = opt::Model::load(opt_test::fixture_dir(name), lo);  // the int8 quantizer runs on i too
+        for (size_t threads : {size_t(1), size_t(3)}) {
+          Run got = run_model(m, goldens, threads);
+          REQUIRE(!got.logits.empty());
+          if (want.logits.empty()) {
+            want = std::move(got);
+            continue;
+          }
+          const size_t at = first_difference(got.logits, want.logits);
+          CHECK_MESSAGE(at == size_t(-1), "logit " << at << " differs from scalar's: " << got.logits[at] << " vs "
+                                                   << want.logits[at]);
+          CHECK(got.ids == want.ids);
+          ++compared;
+        }
+      }
+      digests[name + (q8 ? "/int8" : "/stored")] = fnv1a(want.logits);
+    }
+  }
+  CHECK(compared == (isas.size() * 2 - 1) * opt_test::fixture_models().size() * 2);
+
+  std::ostringstream text;
+  for (const auto& [k, h] : digests) text << k << ' ' << std::hex << h << std::dec << '\n';
+  if (const char* out = std::getenv("OPT_ISA_DIGEST_WRITE"); out && *out) {
+    std::ofstream f(out);
+    f << text.str();
+    REQUIRE(f.good());
+  }
+  if (const char* in = std::getenv("OPT_ISA_DIGEST_EXPECT"); in && *in) {
+    const std::string expected = opt_test::read_text(in);
+    REQUIRE(!expected.empty());
+    CHECK_MESSAGE(text.str() == expected, "this machine's logits differ from the digests of " << in << ":\n"
+                                                                                            << text.str());
+  }
+}
