@@ -58,10 +58,11 @@ opt::GenerateOptions options(const Args& a) {
 void print_stats(double load_s, double prefill_s, size_t prompt_tokens, double decode_s, size_t decode_tokens,
                  size_t threads) {
   std::fprintf(stderr, "load %.1f ms | prefill %zu tokens in %.1f ms (%.1f tok/s) | decode %zu tokens in %.1f ms "
-               "(%.1f tok/s, %.2f ms/token) | %zu threads\n",
+               "(%.1f tok/s, %.2f ms/token) | %zu threads | kernels %s\n",
                load_s * 1e3, prompt_tokens, prefill_s * 1e3, prefill_s > 0 ? prompt_tokens / prefill_s : 0.0,
                decode_tokens, decode_s * 1e3, decode_s > 0 ? decode_tokens / decode_s : 0.0,
-               decode_tokens ? decode_s * 1e3 / decode_tokens : 0.0, threads);
+               decode_tokens ? decode_s * 1e3 / decode_tokens : 0.0, threads,
+               opt::kernels::to_string(opt::kernels::active_isa()));
 }
 
 // -p mode: text in, text streamed out.

@@ -20,6 +20,8 @@
 #include <unistd.h>
 #endif
 
+#include "opt/detail/eigen.hpp"
+
 #include "opt/config.hpp"
 #include "opt/error.hpp"
 #include "opt/ops.hpp"
@@ -180,12 +182,40 @@ struct SequenceChunk {
   int64_t n = 0;
 };
 
+// A row-major float matrix as Eigen sees it: what a host reads (logits, hidden states) without a copy.
+using RowMatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMatrixMap = Eigen::Map<const RowMatrixF>;
+
 // Row-major logits held by a Workspace (valid until its next pass).
 struct LogitsView {
   const float* data = nullptr;
   int64_t rows = 0, cols = 0;
   const float* row(int64_t r) const noexcept { return data + r * cols; }
+  ConstMatrixMap matrix() const { return ConstMatrixMap(data, rows, cols); }  // [rows, vocab] for Eigen
 };
+
+// One entry of ForwardOptions::hidden_states ([tokens, dim] row-major) as an Eigen matrix.
+inline ConstMatrixMap hidden_state_matrix(const std::vector<float>& h, int64_t dim) {
+  return ConstMatrixMap(h.data(), dim ? int64_t(h.size()) / dim : 0, dim);
+}
+
+namespace detail {
+// out[j, :] = table[ids[j], :]: the embedding lookup as row indexing of an Eigen map of the stored table
+// (F32, F16 or BF16; F16/BF16 rows widened exactly).
+inline void embedding_rows(const MatrixRef& table, const int32_t* ids, int64_t n, float* out) {
+  Eigen::Map<RowMatrixF> o(out, n, table.cols);
+  if (table.type == dtype::F32) {
+    const ConstMatrixMap t(static_cast<const float*>(table.data), table.rows, table.cols);
+    for (int64_t j = 0; j < n; ++j) o.row(j) = t.row(ids[j]);
+    return;
+  }
+  using Half = Eigen::Matrix<uint16_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const Eigen::Map<const Half> t(static_cast<const uint16_t*>(table.data), table.rows, table.cols);
+  const bool f16 = table.type == dtype::F16;
+  for (int64_t j = 0; j < n; ++j)
+    o.row(j) = t.row(ids[j]).unaryExpr([f16](uint16_t h) { return f16 ? f16_to_f32(h) : bf16_to_f32(h); });
+}
+}  // namespace detail
 
 struct ForwardOptions {
   bool all_logits = false;  // logits for every new token, not only the last of each chunk
@@ -294,8 +324,10 @@ class Model {
     // ---- embeddings: inputs_embeds = embed_tokens(ids) (row indexing); project_in; + embed_positions ----
     {
       int64_t r = 0;
-      for (const SequenceChunk& ch : chunks)
-        for (int64_t j = 0; j < ch.n; ++j, ++r) ops::row_to_f32(w_.embed_tokens, ch.ids[j], e + r * E);
+      for (const SequenceChunk& ch : chunks) {
+        detail::embedding_rows(w_.embed_tokens, ch.ids, ch.n, e + r * E);
+        r += ch.n;
+      }
       if (c.has_projections()) ops::linear(pool, e, N, w_.project_in_packed, nullptr, x);  // [N,E] x [H,E]ᵀ -> [N,H]
       else std::copy(e, e + N * H, x);
       // positions: the cache size is the count of real tokens before this one (cumsum(mask) - 1), offset 2

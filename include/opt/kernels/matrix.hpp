@@ -139,6 +139,19 @@ inline float packed_element(const PackedMatrix& m, int64_t r, int64_t c) {
   }
 }
 
+namespace detail_pack {
+// Rows [r0, r0 + rows) of src (elements of type E) into one panel: dst[c * kPanel + j] = src[r0 + j, c].
+template <class E>
+inline void columns(const MatrixRef& src, int64_t r0, int64_t rows, std::byte* dst_bytes) {
+  E* dst = reinterpret_cast<E*>(dst_bytes);
+  const E* row[kPanel];
+  for (int64_t j = 0; j < rows; ++j) row[j] = reinterpret_cast<const E*>(src.row_ptr(r0 + j));
+  const int64_t K = src.cols;
+  for (int64_t c = 0; c < K; ++c)
+    for (int64_t j = 0; j < rows; ++j) dst[c * kPanel + j] = row[j][c];
+}
+}  // namespace detail_pack
+
 // Repacks a row-major matrix (any of its types) into panels, split over the pool's threads by panel. A copy:
 // F32 keeps 4 bytes a weight, F16/BF16 2, I8 1 (+ its scales); the source can be released afterwards.
 inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool = nullptr) {
@@ -154,14 +167,17 @@ inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool = nullptr) {
   auto panels = [&](size_t b, size_t e) {
     for (int64_t p = int64_t(b); p < int64_t(e); ++p) {
       std::byte* dst = w.values.data() + size_t(p) * size_t(kPanel) * size_t(K) * es;
-      for (int64_t j = 0; j < kPanel && p * kPanel + j < src.rows; ++j) {
-        const int64_t r = p * kPanel + j;
-        const std::byte* row = src.row_ptr(r);
-        for (int64_t c = 0; c < K; ++c) std::memcpy(dst + (size_t(c) * size_t(kPanel) + size_t(j)) * es, row + size_t(c) * es, es);
-        if (src.type == dtype::I8)
-          for (int64_t bl = 0; bl < nb; ++bl)
-            w.scales[(size_t(p) * size_t(nb) + size_t(bl)) * size_t(kPanel) + size_t(j)] = src.scale[size_t(r * nb + bl)];
+      const int64_t rows = std::min<int64_t>(kPanel, src.rows - p * kPanel);
+      switch (es) {
+        case 4: detail_pack::columns<uint32_t>(src, p * kPanel, rows, dst); break;
+        case 2: detail_pack::columns<uint16_t>(src, p * kPanel, rows, dst); break;
+        default: detail_pack::columns<uint8_t>(src, p * kPanel, rows, dst); break;
       }
+      if (src.type == dtype::I8)
+        for (int64_t j = 0; j < rows; ++j)
+          for (int64_t bl = 0; bl < nb; ++bl)
+            w.scales[(size_t(p) * size_t(nb) + size_t(bl)) * size_t(kPanel) + size_t(j)] =
+                src.scale[size_t((p * kPanel + j) * nb + bl)];
     }
   };
   if (pool) pool->parallel_for(size_t(np), 4, panels);
