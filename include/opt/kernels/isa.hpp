@@ -13,6 +13,7 @@
 
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(OPT_NO_SIMD)
 #define OPT_HAVE_X86_KERNELS 1
+#include <cpuid.h>
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON) && !defined(OPT_NO_SIMD)
 #define OPT_HAVE_NEON_KERNELS 1
@@ -54,6 +55,16 @@ inline bool compiled(isa i) noexcept {
   }
 }
 
+#if defined(OPT_HAVE_X86_KERNELS)
+namespace detail {
+// F16C (CPUID.1:ECX bit 29); Clang's __builtin_cpu_supports does not know the name
+inline bool cpu_has_f16c() noexcept {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+}
+}  // namespace detail
+#endif
+
 // Whether this CPU (and OS) runs `i`'s kernels.
 inline bool cpu_supports(isa i) noexcept {
   if (!compiled(i)) return false;
@@ -61,9 +72,9 @@ inline bool cpu_supports(isa i) noexcept {
     case isa::scalar: return true;
 #if defined(OPT_HAVE_X86_KERNELS)
     case isa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && detail::cpu_has_f16c();
     case isa::avx512:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && detail::cpu_has_f16c() &&
              __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
 #endif
