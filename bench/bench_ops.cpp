@@ -102,7 +102,7 @@ void BM_Attention(benchmark::State& state) {
   const size_t threads = size_t(state.range(2));
   std::vector<float> q = randn(size_t(n * H), 3, 0.125f), k = randn(size_t((past + n) * H), 4),
                      v = randn(size_t((past + n) * H), 5), out(size_t(n * H)), want(size_t(n * H));
-  std::vector<float> scores(threads * size_t(past + n));
+  std::vector<float> scores(threads * size_t(opt::ops::kAttentionScratch * (past + n)));
   opt::ThreadPool pool(threads);
   opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
   opt::ref::attention(q.data(), past, std::min<int64_t>(n, 4), k.data(), v.data(), H, nh, hd, want.data());

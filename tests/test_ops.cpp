@@ -129,7 +129,7 @@ TEST_CASE("attention matches opt::ref::attention; prompt pass equals step by ste
     const int64_t nh = 3, H = nh * hd, past = 37, n = 6;
     std::vector<float> q = randu(size_t(n * H), 1, 0.5f), k = randu(size_t((past + n) * H), 2, 2.0f),
                        v = randu(size_t((past + n) * H), 3), out(size_t(n * H)), want(size_t(n * H));
-    std::vector<float> scores(size_t(2 * (past + n)));
+    std::vector<float> scores(size_t(2 * opt::ops::kAttentionScratch * (past + n)));
     opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
     opt::ref::attention(q.data(), past, n, k.data(), v.data(), H, nh, hd, want.data());
     // outputs are convex combinations of |v| <= 1; exp is within a few ulps, scores within K * eps * |q||k|
@@ -202,7 +202,7 @@ TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
       const int64_t nh = 3, H = nh * hd, past = 21, n = 5;
       std::vector<float> q = randu(size_t(n * H), 1, 0.5f), k = randu(size_t((past + n) * H), 2, 2.0f),
                          v = randu(size_t((past + n) * H), 3), out(size_t(n * H));
-      std::vector<float> scores(size_t(2 * (past + n)));
+      std::vector<float> scores(size_t(2 * opt::ops::kAttentionScratch * (past + n)));
       opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
       put(out);
     }

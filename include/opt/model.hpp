@@ -162,7 +162,7 @@ class Workspace {
     grow(e, n * E);
     grow(logits, n_logits * c.vocab_size);
     grow(last, n_logits * std::max(H, E));
-    grow(scores, int64_t(threads()) * std::max<int64_t>(max_len, 1));
+    grow(scores, int64_t(threads()) * ops::kAttentionScratch * std::max<int64_t>(max_len, 1));
   }
 
   // 64-byte aligned: every row of a [n, dim] buffer starts on a cache line when dim is a multiple of 16

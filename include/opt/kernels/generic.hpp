@@ -438,94 +438,103 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) {
 }
 
 // ---- attention --------------------------------------------------------------------------------------------------
-// o[d] = sum_t p[t] * v[t, d] for d < hd, one sequential FMA chain over t per output (lanes run over d); up to
-// 8 vectors of outputs per pass over the rows.
-template <int NV>
-inline void weighted_sum_block(const float* p, int64_t len, const float* v, int64_t ld, float* o) {
-  V acc[NV];
-  OPT_K_UNROLL
-  for (int c = 0; c < NV; ++c) acc[c] = Simd::zero();
-  for (int64_t t = 0; t < len; ++t) {
-    const V pt = Simd::set1(p[t]);
-    OPT_K_UNROLL
-    for (int c = 0; c < NV; ++c) acc[c] = Simd::fma(pt, Simd::load(v + t * ld + c * W), acc[c]);
-  }
-  OPT_K_UNROLL
-  for (int c = 0; c < NV; ++c) Simd::store(o + c * W, acc[c]);
-}
-inline void weighted_sum(const float* p, int64_t len, const float* v, int64_t ld, int64_t hd, float* o) {
-  int64_t d = 0;
-  for (; d + 8 * W <= hd; d += 8 * W) weighted_sum_block<8>(p, len, v + d, ld, o + d);
-  for (; d + 4 * W <= hd; d += 4 * W) weighted_sum_block<4>(p, len, v + d, ld, o + d);
-  for (; d + W <= hd; d += W) weighted_sum_block<1>(p, len, v + d, ld, o + d);
-  for (; d < hd; ++d) {
-    float acc = 0.0f;
-    for (int64_t t = 0; t < len; ++t) acc = std::fma(p[t], v[t * ld + d], acc);
-    o[d] = acc;
-  }
-}
-
-// s[t] = dot16(q, k[t]) for t < len, four keys at a time (independent chains, each exactly dot16); returns max.
-inline float kernels_scores(const float* q, const float* k, int64_t ld, int64_t hd, int64_t len, float* s) {
-  float mx = -std::numeric_limits<float>::infinity();
-  int64_t t = 0;
+// Up to kQ consecutive query tokens j = 0 .. nq-1 of one head (query j sees rows [0, len0 + j)), each computed
+// exactly as alone: s_j[t] = dot16(q_j, k[t]), p_j = exp(s_j - max) * (1 / sum), o_j[d] = FMA chain over t of
+// p_j[t] * v[t, d]. Together they read every key and value row once instead of nq times (prefill is bound by
+// those reads from L2). scores: kQ rows of (len0 + nq - 1) floats.
+constexpr int kQ = 4;
+inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len0, const float* k, const float* v,
+                            int64_t ld, int64_t hd, float* out, int64_t ostride, float* scores) {
+  const int64_t len_max = len0 + nq - 1;
   const int64_t full = hd / 16 * 16;
-  alignas(64) float qt[16] = {}, kt[4][16] = {};
-  for (int64_t j = 0; full + j < hd; ++j) qt[j] = q[full + j];
-  for (; t + 4 <= len; t += 4) {
-    V acc[4][VP];
+  float* s[kQ];
+  for (int j = 0; j < kQ; ++j) s[j] = scores + j * len_max;
+  // q's partial last 16-lane chunk, zero-padded (as dot16 pads it)
+  alignas(64) float qt[kQ][16] = {}, kt[16] = {};
+  for (int j = 0; j < nq; ++j)
+    for (int64_t e = 0; full + e < hd; ++e) qt[j][e] = q[j * qstride + full + e];
+  // scores: every query against key t (a query's extra keys beyond its causal window are computed, not used)
+  for (int64_t t = 0; t < len_max; ++t) {
+    V acc[kQ][VP];
     OPT_K_UNROLL
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kQ; ++j)
       OPT_K_UNROLL
-      for (int v = 0; v < VP; ++v) acc[j][v] = Simd::zero();
+      for (int c = 0; c < VP; ++c) acc[j][c] = Simd::zero();
+    const float* kr = k + t * ld;
     for (int64_t d = 0; d < full; d += 16)
       OPT_K_UNROLL
-      for (int v = 0; v < VP; ++v) {
-        const V qv = Simd::load(q + d + v * W);
+      for (int c = 0; c < VP; ++c) {
+        const V kv = Simd::load(kr + d + c * W);
         OPT_K_UNROLL
-        for (int j = 0; j < 4; ++j) acc[j][v] = Simd::fma(qv, Simd::load(k + (t + j) * ld + d + v * W), acc[j][v]);
+        for (int j = 0; j < kQ; ++j)
+          if (j < nq) acc[j][c] = Simd::fma(Simd::load(q + j * qstride + d + c * W), kv, acc[j][c]);
       }
     if (full < hd) {
-      for (int j = 0; j < 4; ++j)
-        for (int64_t e = 0; full + e < hd; ++e) kt[j][e] = k[(t + j) * ld + full + e];
+      for (int64_t e = 0; full + e < hd; ++e) kt[e] = kr[full + e];
       OPT_K_UNROLL
-      for (int v = 0; v < VP; ++v) {
-        const V qv = Simd::load(qt + v * W);
+      for (int c = 0; c < VP; ++c) {
+        const V kv = Simd::load(kt + c * W);
         OPT_K_UNROLL
-        for (int j = 0; j < 4; ++j) acc[j][v] = Simd::fma(qv, Simd::load(kt[j] + v * W), acc[j][v]);
+        for (int j = 0; j < kQ; ++j)
+          if (j < nq) acc[j][c] = Simd::fma(Simd::load(qt[j] + c * W), kv, acc[j][c]);
       }
     }
-    for (int j = 0; j < 4; ++j) {
-      const float x = Simd::reduce16(acc[j]);
-      s[t + j] = x;
-      mx = x > mx ? x : mx;
+    for (int j = 0; j < nq; ++j) s[j][t] = Simd::reduce16(acc[j]);
+  }
+  // softmax per query over its own window
+  int64_t len[kQ];
+  for (int j = 0; j < nq; ++j) {
+    len[j] = len0 + j;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < len[j]; ++t) mx = s[j][t] > mx ? s[j][t] : mx;
+    const float inv = 1.0f / exp_sub_sum(s[j], len[j], mx);
+    for (int64_t t = 0; t < len[j]; ++t) s[j][t] = s[j][t] * inv;
+  }
+  // o_j = sum_t p_j[t] v[t]: 16 outputs (VP vectors) of every query per pass over the value rows
+  int64_t d = 0;
+  for (; d + 16 <= hd; d += 16) {
+    V acc[kQ][VP];
+    OPT_K_UNROLL
+    for (int j = 0; j < kQ; ++j)
+      OPT_K_UNROLL
+      for (int c = 0; c < VP; ++c) acc[j][c] = Simd::zero();
+    for (int64_t t = 0; t < len_max; ++t) {
+      V vv[VP];
+      OPT_K_UNROLL
+      for (int c = 0; c < VP; ++c) vv[c] = Simd::load(v + t * ld + d + c * W);
+      OPT_K_UNROLL
+      for (int j = 0; j < kQ; ++j)
+        if (j < nq && t < len[j]) {
+          const V pt = Simd::set1(s[j][t]);
+          OPT_K_UNROLL
+          for (int c = 0; c < VP; ++c) acc[j][c] = Simd::fma(pt, vv[c], acc[j][c]);
+        }
     }
+    for (int j = 0; j < nq; ++j)
+      OPT_K_UNROLL
+      for (int c = 0; c < VP; ++c) Simd::store(out + j * ostride + d + c * W, acc[j][c]);
   }
-  for (; t < len; ++t) {
-    const float x = dot16(q, k + t * ld, hd);
-    s[t] = x;
-    mx = x > mx ? x : mx;
-  }
-  return mx;
+  for (; d < hd; ++d)
+    for (int j = 0; j < nq; ++j) {
+      float acc = 0.0f;
+      for (int64_t t = 0; t < len[j]; ++t) acc = std::fma(s[j][t], v[t * ld + d], acc);
+      out[j * ostride + d] = acc;
+    }
 }
 
 // Causal attention of tokens [i0, i1) x heads [h0, h1) of n new tokens at positions [past, past + n):
 // q [n, H] already scaled, k/v the cache rows (stride ld), token i sees rows [0, past + i]; out row stride ld_out;
-// scores: past + i1 floats of scratch. softmax(q·kᵀ) v with p[t] = exp(s[t] - max) * (1 / sum).
+// scores: kQ * (past + i1) floats of scratch. Tokens go kQ at a time through attention_block.
 inline void attention(const float* q, int64_t past, const float* k, const float* v, int64_t ld, int64_t n_heads,
                       int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0, int64_t i1, int64_t h0,
                       int64_t h1) {
   const int64_t H = n_heads * head_dim;
-  for (int64_t i = i0; i < i1; ++i) {
-    const int64_t len = past + i + 1;
-    for (int64_t h = h0; h < h1; ++h) {
-      const float* qi = q + i * H + h * head_dim;
-      const float mx = kernels_scores(qi, k + h * head_dim, ld, head_dim, len, scores);
-      const float inv = 1.0f / exp_sub_sum(scores, len, mx);
-      for (int64_t t = 0; t < len; ++t) scores[t] = scores[t] * inv;
-      weighted_sum(scores, len, v + h * head_dim, ld, head_dim, out + i * ld_out + h * head_dim);
+  for (int64_t h = h0; h < h1; ++h)
+    for (int64_t i = i0; i < i1; i += kQ) {
+      const int nq = int(std::min<int64_t>(kQ, i1 - i));
+      attention_block(q + i * H + h * head_dim, H, nq, past + i + 1, k + h * head_dim, v + h * head_dim, ld,
+                      head_dim, out + i * ld_out + h * head_dim, ld_out, scores);
     }
-  }
 }
 
 // ---- LayerNorm ----------------------------------------------------------------------------------------------------
