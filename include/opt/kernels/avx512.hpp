@@ -5,7 +5,7 @@
 #pragma once
 #include "opt/kernels/prelude.hpp"
 
-#if defined(OPT_HAVE_X86_KERNELS)
+#if defined(OPT_HAVE_AVX512_KERNELS)
 #include <immintrin.h>
 
 #if defined(__clang__)
@@ -86,4 +86,4 @@ OPT_NAMESPACE_END
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
-#endif  // OPT_HAVE_X86_KERNELS
+#endif  // OPT_HAVE_AVX512_KERNELS

@@ -40,8 +40,10 @@ inline const Table& table_for(isa i) {
                        (compiled(i) ? "CPU" : "build (another architecture)") + "; available: " +
                        available_isas_string());
   switch (i) {
-#if defined(OPT_HAVE_X86_KERNELS)
+#if defined(OPT_HAVE_AVX2_KERNELS)
     case isa::avx2: return avx2_isa::table();
+#endif
+#if defined(OPT_HAVE_AVX512_KERNELS)
     case isa::avx512: return avx512_isa::table();
 #endif
 #if defined(OPT_HAVE_NEON_KERNELS)

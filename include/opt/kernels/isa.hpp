@@ -11,11 +11,20 @@
 
 #include "opt/version.hpp"
 
+// Define before including any opt header to leave ISAs out of a build (each costs compile time in every
+// translation unit that runs the kernels): OPT_NO_SIMD (scalar only), OPT_DISABLE_AVX2, OPT_DISABLE_AVX512,
+// OPT_DISABLE_NEON. The scalar kernels are always there.
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(OPT_NO_SIMD)
 #define OPT_HAVE_X86_KERNELS 1
 #include <cpuid.h>
+#if !defined(OPT_DISABLE_AVX2)
+#define OPT_HAVE_AVX2_KERNELS 1
 #endif
-#if defined(__aarch64__) && defined(__ARM_NEON) && !defined(OPT_NO_SIMD)
+#if !defined(OPT_DISABLE_AVX512)
+#define OPT_HAVE_AVX512_KERNELS 1
+#endif
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON) && !defined(OPT_NO_SIMD) && !defined(OPT_DISABLE_NEON)
 #define OPT_HAVE_NEON_KERNELS 1
 #endif
 
@@ -40,12 +49,15 @@ inline std::optional<isa> isa_from_string(std::string_view s) noexcept {
   return std::nullopt;
 }
 
-// Whether this build holds the kernels of `i` (the instruction set belongs to the target architecture).
+// Whether this build holds the kernels of `i` (the instruction set belongs to the target architecture and was
+// not left out).
 inline bool compiled(isa i) noexcept {
   switch (i) {
     case isa::scalar: return true;
-#if defined(OPT_HAVE_X86_KERNELS)
-    case isa::avx2:
+#if defined(OPT_HAVE_AVX2_KERNELS)
+    case isa::avx2: return true;
+#endif
+#if defined(OPT_HAVE_AVX512_KERNELS)
     case isa::avx512: return true;
 #endif
 #if defined(OPT_HAVE_NEON_KERNELS)
