@@ -121,3 +121,24 @@ TEST_CASE("every ISA gives the scalar kernels' bits on every fixture (f32/f16/bf
                                                                                             << text.str());
   }
 }
+
+TEST_CASE("OPT_ISA: a known name this CPU runs is chosen; an unknown one or one it lacks is an opt::config_error") {
+  const char* was = std::getenv("OPT_ISA");
+  const std::string saved = was ? was : "";
+  for (opt::kernels::isa i : opt::kernels::available_isas()) {
+    ::setenv("OPT_ISA", opt::kernels::to_string(i), 1);
+    CHECK(opt::kernels::requested_isa() == i);
+  }
+  ::setenv("OPT_ISA", "avx9000", 1);
+  CHECK_THROWS_WITH_AS(opt::kernels::requested_isa(), doctest::Contains("unknown instruction set"), opt::config_error);
+  for (opt::kernels::isa i : {opt::kernels::isa::avx2, opt::kernels::isa::avx512, opt::kernels::isa::neon}) {
+    if (opt::kernels::cpu_supports(i)) continue;
+    ::setenv("OPT_ISA", opt::kernels::to_string(i), 1);
+    CHECK_THROWS_WITH_AS(opt::kernels::requested_isa(), doctest::Contains("cannot run it"), opt::config_error);
+    CHECK_THROWS_AS(opt::kernels::set_isa(i), opt::config_error);
+  }
+  ::setenv("OPT_ISA", "", 1);
+  CHECK(opt::kernels::requested_isa() == opt::kernels::best_isa());
+  if (was) ::setenv("OPT_ISA", saved.c_str(), 1);
+  else ::unsetenv("OPT_ISA");
+}
