@@ -10,7 +10,7 @@ namespace scalar_isa {
 struct Simd {
   static constexpr isa id = isa::scalar;
   static constexpr int W = 1;
-  static constexpr int kMR = 4, kNP = 1;  // tile: up to 4 tokens x 1 panel
+  static constexpr int kMR = 1, kNP = 1;  // tile: 1 token x 1 panel (16 lanes unrolled; taller tiles cost compile time, not speed that matters here)
   static constexpr int kRegs = 1 << 20;   // not register-bound: no reordering needed
   static constexpr int np_for(int) { return 1; }
   using V = float;
