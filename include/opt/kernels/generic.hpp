@@ -7,7 +7,7 @@
 // - linear: y[i, r] = a sequential FMA chain over k = 0 .. K-1 of x[i, k] * w[r, k] from +0 (I8: w = float(q) * s,
 //   one rounding), then + bias, * scale, act, old + v. Lanes run over output rows r (a panel column), never over
 //   k, so the vector width changes how many rows one instruction serves, not what any row computes.
-// - dot16 (attention's q·k) and sums: 16 logical lanes (lane l takes elements l, l + 16, ...; a partial last chunk
+// - attention's q·k and sums: 16 logical lanes (lane l takes elements l, l + 16, ...; a partial last chunk
 //   adds +0 products), reduced as lanes (l, l+8), then (l, l+4), (l, l+2), (l, l+1).
 // - exp, erf, tanh: the polynomials below, with explicit FMAs; the same on every ISA and in the scalar epilogue.
 // - A product that feeds an addition is either one FMA or passes through Simd::keep / opaque() first, so a
@@ -19,30 +19,6 @@ static_assert(VP * W == int(ops::kPanel), "a panel column is a whole number of v
 using V = Simd::V;
 
 #define OPT_K_UNROLL _Pragma("GCC unroll 16")
-
-// A float the compiler must treat as unknown: stops it fusing the product that made it into a later addition.
-inline float opaque(float v) noexcept {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  __asm__("" : "+x"(v));
-#elif defined(__GNUC__) && defined(__aarch64__)
-  __asm__("" : "+w"(v));
-#else
-  volatile float t = v;
-  v = t;
-#endif
-  return v;
-}
-inline double opaque(double v) noexcept {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  __asm__("" : "+x"(v));
-#elif defined(__GNUC__) && defined(__aarch64__)
-  __asm__("" : "+w"(v));
-#else
-  volatile double t = v;
-  v = t;
-#endif
-  return v;
-}
 
 // One lane: the scalar twin of Simd, used by the epilogues (which work on single outputs) and by tails. Its
 // operations are the same IEEE operations as every Simd's, lane for lane.
@@ -378,33 +354,6 @@ inline void linear(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p
 }
 
 // ---- 16-logical-lane sums -------------------------------------------------------------------------------------
-// acc[16] (lanes) -> one float: (l, l+8), (l, l+4), (l, l+2), (l, l+1). Simd::reduce16 does the same on vectors.
-inline float reduce16_one(const float* a) {
-  float b[8], c[4], d[2];
-  for (int l = 0; l < 8; ++l) b[l] = a[l] + a[l + 8];
-  for (int l = 0; l < 4; ++l) c[l] = b[l] + b[l + 4];
-  for (int l = 0; l < 2; ++l) d[l] = c[l] + c[l + 2];
-  return d[0] + d[1];
-}
-
-// a · b over n floats: element k goes to logical lane k % 16 (an FMA chain per lane), then reduce16.
-inline float dot16(const float* a, const float* b, int64_t n) {
-  V acc[VP];
-  OPT_K_UNROLL
-  for (int v = 0; v < VP; ++v) acc[v] = Simd::zero();
-  int64_t k = 0;
-  for (; k + 16 <= n; k += 16)
-    OPT_K_UNROLL
-    for (int v = 0; v < VP; ++v) acc[v] = Simd::fma(Simd::load(a + k + v * W), Simd::load(b + k + v * W), acc[v]);
-  if (k < n) {
-    alignas(64) float ta[16] = {}, tb[16] = {};
-    for (int64_t j = 0; k + j < n; ++j) ta[j] = a[k + j], tb[j] = b[k + j];
-    OPT_K_UNROLL
-    for (int v = 0; v < VP; ++v) acc[v] = Simd::fma(Simd::load(ta + v * W), Simd::load(tb + v * W), acc[v]);
-  }
-  return Simd::reduce16(acc);
-}
-
 // s[t] = exp(s[t] - mx); the sum over 16 logical lanes (a partial last chunk adds +0), then reduce16.
 inline float exp_sub_sum(float* s, int64_t n, float mx) {
   V acc[VP];
@@ -439,7 +388,7 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) {
 
 // ---- attention --------------------------------------------------------------------------------------------------
 // Up to kQ consecutive query tokens j = 0 .. nq-1 of one head (query j sees rows [0, len0 + j)), each computed
-// exactly as alone: s_j[t] = dot16(q_j, k[t]), p_j = exp(s_j - max) * (1 / sum), o_j[d] = FMA chain over t of
+// exactly as alone: s_j[t] = q_j · k[t] over 16 logical lanes, p_j = exp(s_j - max) * (1 / sum), o_j[d] = FMA chain over t of
 // p_j[t] * v[t, d]. Together they read every key and value row once instead of nq times (prefill is bound by
 // those reads from L2). scores: kQ rows of (len0 + nq - 1) floats.
 constexpr int kQ = 4;
@@ -449,7 +398,7 @@ inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len
   const int64_t full = hd / 16 * 16;
   float* s[kQ];
   for (int j = 0; j < kQ; ++j) s[j] = scores + j * len_max;
-  // q's partial last 16-lane chunk, zero-padded (as dot16 pads it)
+  // q's partial last 16-lane chunk, zero-padded (the padding adds +0 products)
   alignas(64) float qt[kQ][16] = {}, kt[16] = {};
   for (int j = 0; j < nq; ++j)
     for (int64_t e = 0; full + e < hd; ++e) qt[j][e] = q[j * qstride + full + e];

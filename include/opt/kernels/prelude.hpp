@@ -8,3 +8,23 @@
 #include <limits>
 
 #include "opt/kernels/table.hpp"
+
+OPT_NAMESPACE_BEGIN
+namespace kernels {
+
+// A float the compiler must treat as unknown: stops it fusing the product that made it into a later addition
+// (GCC contracts a * b + c by default where FMA exists, across statements too).
+inline float opaque(float v) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(v));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(v));
+#else
+  volatile float t = v;
+  v = t;
+#endif
+  return v;
+}
+
+}  // namespace kernels
+OPT_NAMESPACE_END

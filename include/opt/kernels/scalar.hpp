@@ -35,16 +35,7 @@ struct Simd {
   }
   static V abs(V x) { return std::fabs(x); }
   static V copysign(V m, V s) { return std::copysign(m, s); }
-  static void keep(V& v) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __asm__("" : "+x"(v));
-#elif defined(__GNUC__) && defined(__aarch64__)
-    __asm__("" : "+w"(v));
-#else
-    volatile float t = v;
-    v = t;
-#endif
-  }
+  static void keep(V& v) { v = opaque(v); }
   static V load_f16(const uint16_t* p) { return opt::detail::f16_to_f32(*p); }
   static V load_bf16(const uint16_t* p) { return opt::detail::bf16_to_f32(*p); }
   static V load_i8(const int8_t* p) { return float(*p); }
