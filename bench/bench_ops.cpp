@@ -83,6 +83,8 @@ BENCHMARK(BM_Linear)
     ->Args({1, 768, 3072, 0, 2})
     ->Args({1, 50272, 768, 0, 2})
     ->Args({4, 3072, 768, 0, 2})
+    ->Args({4, 3072, 768, 3, 2})
+    ->Args({4, 3072, 768, 3, 1})
     ->ArgsProduct({{2, 3, 4, 5, 6}, {3072}, {768}, {0}, {1}})
     ->Unit(benchmark::kMicrosecond);
 // GEMM (prefill of 512 tokens): q/k/v/out [768, 768], fc1 [3072, 768], fc2 [768, 3072]

@@ -4,9 +4,11 @@
 // compiles to scalar, AVX2, AVX-512 and NEON code. It includes nothing itself.
 //
 // The order of operations, which is what makes every ISA give the same bits (see kernels.hpp):
-// - linear: y[i, r] = a sequential FMA chain over k = 0 .. K-1 of x[i, k] * w[r, k] from +0 (I8: w = float(q) * s,
-//   one rounding), then + bias, * scale, act, old + v. Lanes run over output rows r (a panel column), never over
-//   k, so the vector width changes how many rows one instruction serves, not what any row computes.
+// - linear: y[i, r] = a sequential FMA chain over k = 0 .. K-1 of x[i, k] * w[r, k] from +0, then + bias,
+//   * scale, act, old + v. I8 (w = q * s per block of columns): per block b, a = the FMA chain of x[i, k] * q[r, k]
+//   over the block from +0, and y = fma(a, s[r, b], y) from y = +0, block after block. Lanes run over output
+//   rows r (a panel column), never over k, so the vector width changes how many rows one instruction serves, not
+//   what any row computes.
 // - attention's q·k and sums: 16 logical lanes (lane l takes elements l, l + 16, ...; a partial last chunk
 //   adds +0 products), reduced as lanes (l, l+8), then (l, l+4), (l, l+2), (l, l+1).
 // - exp, erf, tanh: the polynomials below, with explicit FMAs; the same on every ISA and in the scalar epilogue.
@@ -189,36 +191,44 @@ inline V load_w(const std::byte* panel, int64_t k, int v) {
   else return Simd::load_i8(reinterpret_cast<const int8_t*>(panel) + e);
 }
 
-// out[m][j] (m < MR tokens, j < NP * kPanel rows of panels p0 ..) = sum_k x[m, k] * w[row j, k], one sequential
-// FMA chain per output. The NP * VP weight vectors of a column are loaded once and feed MR FMAs each.
+// Output rows j < NP * kPanel (panels p0 ..) of tokens m < MR: one sequential FMA chain over k per output;
+// out + m * ldo + p * ps receives token m's kPanel outputs of panel p0 + p. The NP * VP weight vectors of a
+// column are loaded once and feed MR FMAs each.
+// I8: the chain runs over one block of columns at a time, from +0, on the integer values; the block's sum then
+// joins the output as out = fma(sum, scale, out), out starting from +0.
 // Not inlined: a tile gets the whole register file to itself (inlined into the loops around it, GCC spilled
 // accumulators to the stack).
 template <dtype T, int MR, int NP>
-__attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out) {
+__attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0,
+                                    float* out, int64_t ldo, int64_t ps) {
   // all NP * VP weight vectors of a column live at once when the registers allow it; else one panel's at a time
   // (the MR broadcasts then repeat per panel)
   constexpr bool kAllW = MR * NP * VP + NP * VP + 1 <= Simd::kRegs;
+  constexpr bool kI8 = T == dtype::I8;
   V acc[MR][NP][VP];
-  OPT_K_UNROLL
-  for (int m = 0; m < MR; ++m)
-    OPT_K_UNROLL
-    for (int p = 0; p < NP; ++p)
-      OPT_K_UNROLL
-      for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::zero();
   const std::byte* pp[NP];
   OPT_K_UNROLL
   for (int p = 0; p < NP; ++p) pp[p] = w.panel(p0 + p);
-  const int64_t B = T == dtype::I8 ? w.block : K;
-  const int64_t nb = T == dtype::I8 ? w.blocks() : 1;
+  if (kI8)
+    OPT_K_UNROLL
+    for (int m = 0; m < MR; ++m)
+      OPT_K_UNROLL
+      for (int p = 0; p < NP; ++p)
+        OPT_K_UNROLL
+        for (int v = 0; v < VP; ++v) Simd::store(out + m * ldo + p * ps + v * W, Simd::zero());
+  const int64_t B = kI8 ? w.block : K;
+  const int64_t nb = kI8 && K > 0 ? (K + B - 1) / B : 1;  // blocks of columns (one for float weights)
   constexpr int64_t kColBytes = ops::kPanel * dtype_size_c(T);
   for (int64_t b = 0; b < nb; ++b) {
-    const float* sc[NP];
-    if constexpr (T == dtype::I8) {
+    const int64_t kb = b * B;
+    OPT_K_UNROLL
+    for (int m = 0; m < MR; ++m)
       OPT_K_UNROLL
-      for (int p = 0; p < NP; ++p) sc[p] = w.panel_scales(p0 + p) + b * ops::kPanel;
-    }
-    const int64_t k1 = std::min(K, (b + 1) * B);
-    for (int64_t k = b * B; k < k1; ++k) {
+      for (int p = 0; p < NP; ++p)
+        OPT_K_UNROLL
+        for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::zero();
+    const int64_t ke = std::min(K, kb + B);
+    for (int64_t k = kb; k < ke; ++k) {
       // a panel is one long sequential stream: ask for it kPrefetch bytes ahead (one or two streams per core
       // are too few for the hardware prefetcher at decode's rate)
       OPT_K_UNROLL
@@ -230,7 +240,6 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
           OPT_K_UNROLL
           for (int v = 0; v < VP; ++v) {
             V t = load_w<T>(pp[p], k, v);
-            if constexpr (T == dtype::I8) t = Simd::mul(t, Simd::load(sc[p] + v * W));
             Simd::keep(t);  // in a register: not re-loaded (and re-widened) for each of the MR FMAs
             wv[p][v] = t;
           }
@@ -250,7 +259,6 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
           OPT_K_UNROLL
           for (int v = 0; v < VP; ++v) {
             V t = load_w<T>(pp[p], k, v);
-            if constexpr (T == dtype::I8) t = Simd::mul(t, Simd::load(sc[p] + v * W));
             Simd::keep(t);
             wv[v] = t;
           }
@@ -264,82 +272,105 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         }
       }
     }
-  }
-  OPT_K_UNROLL
-  for (int m = 0; m < MR; ++m)
-    OPT_K_UNROLL
-    for (int p = 0; p < NP; ++p)
+    if constexpr (kI8) {
       OPT_K_UNROLL
-      for (int v = 0; v < VP; ++v) Simd::store(out + (m * NP + p) * ops::kPanel + v * W, acc[m][p][v]);
+      for (int p = 0; p < NP; ++p) {
+        const float* sc = w.panel_scales(p0 + p) + b * ops::kPanel;
+        OPT_K_UNROLL
+        for (int m = 0; m < MR; ++m)
+          OPT_K_UNROLL
+          for (int v = 0; v < VP; ++v) {
+            float* o = out + m * ldo + p * ps + v * W;
+            Simd::store(o, Simd::fma(acc[m][p][v], Simd::load(sc + v * W), Simd::load(o)));
+          }
+      }
+    }
+  }
+  if constexpr (!kI8)
+    OPT_K_UNROLL
+    for (int m = 0; m < MR; ++m)
+      OPT_K_UNROLL
+      for (int p = 0; p < NP; ++p)
+        OPT_K_UNROLL
+        for (int v = 0; v < VP; ++v) Simd::store(out + m * ldo + p * ps + v * W, acc[m][p][v]);
 }
 
-// The tile shapes: Simd::kMR tokens at most; Simd::np_for(m) panels for a tile of m tokens (enough independent
-// accumulators to hide the FMA latency within the registers), 1 for leftover panels.
+// A tile of m tokens over np panels: one call when that shape is compiled (Simd::np_for(m) panels, or kNP for a
+// full-height tile), else panel by panel. The shapes hold enough independent accumulators to hide the FMA
+// latency within the registers.
 template <dtype T, int M>
-inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out) {
+inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out,
+                   int64_t ldo, int64_t ps) {
   constexpr int NPm = Simd::np_for(M);
   if constexpr (NPm > 1) {
-    if (np == NPm) return tile<T, M, NPm>(x, ldx, K, w, p0, out);
+    if (np == NPm) return tile<T, M, NPm>(x, ldx, K, w, p0, out, ldo, ps);
   }
   if constexpr (M == Simd::kMR && Simd::kNP > 1 && Simd::kNP != NPm) {
-    if (np == Simd::kNP) return tile<T, M, Simd::kNP>(x, ldx, K, w, p0, out);
+    if (np == Simd::kNP) return tile<T, M, Simd::kNP>(x, ldx, K, w, p0, out, ldo, ps);
   }
-  tile<T, M, 1>(x, ldx, K, w, p0, out);
+  for (int q = 0; q < np; ++q) tile<T, M, 1>(x, ldx, K, w, p0 + q, out + q * ps, ldo, ps);
 }
 
 template <dtype T>
 inline void tile_any(int m, int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0,
-                     float* out) {
+                     float* out, int64_t ldo, int64_t ps) {
   static_assert(Simd::kMR >= 1 && Simd::kMR <= 8, "tile heights 1..8");
+#define OPT_TILE_CASE(M)                                                                  \
+  case M:                                                                                 \
+    if constexpr (Simd::kMR >= M) return tile_m<T, M>(np, x, ldx, K, w, p0, out, ldo, ps); \
+    break;
   switch (m) {
-    case 1: return tile_m<T, 1>(np, x, ldx, K, w, p0, out);
-    case 2: if constexpr (Simd::kMR >= 2) return tile_m<T, 2>(np, x, ldx, K, w, p0, out); break;
-    case 3: if constexpr (Simd::kMR >= 3) return tile_m<T, 3>(np, x, ldx, K, w, p0, out); break;
-    case 4: if constexpr (Simd::kMR >= 4) return tile_m<T, 4>(np, x, ldx, K, w, p0, out); break;
-    case 5: if constexpr (Simd::kMR >= 5) return tile_m<T, 5>(np, x, ldx, K, w, p0, out); break;
-    case 6: if constexpr (Simd::kMR >= 6) return tile_m<T, 6>(np, x, ldx, K, w, p0, out); break;
-    case 7: if constexpr (Simd::kMR >= 7) return tile_m<T, 7>(np, x, ldx, K, w, p0, out); break;
-    case 8: if constexpr (Simd::kMR >= 8) return tile_m<T, 8>(np, x, ldx, K, w, p0, out); break;
+    OPT_TILE_CASE(1)
+    OPT_TILE_CASE(2)
+    OPT_TILE_CASE(3)
+    OPT_TILE_CASE(4)
+    OPT_TILE_CASE(5)
+    OPT_TILE_CASE(6)
+    OPT_TILE_CASE(7)
+    OPT_TILE_CASE(8)
     default: break;
+  }
+#undef OPT_TILE_CASE
+}
+
+// Outputs v (token-major, kPanel per panel: v + q * ps for panel p + q) of np panels from p into token row y.
+inline void finish_panels(const ops::LinearSeg& g, int64_t p, int np, const float* v, int64_t ps, float* y) {
+  for (int q = 0; q < np; ++q) {
+    const int64_t r0 = (p + q) * ops::kPanel;
+    const float* vq = v + q * ps;
+    if (r0 + ops::kPanel <= g.w.rows) {
+      finish16(g, r0, vq, y + r0);
+    } else {
+      for (int64_t j = 0; r0 + j < g.w.rows; ++j) y[r0 + j] = finish(g, r0 + j, vq[j], y[r0 + j]);
+    }
   }
 }
 
 // Panels [p0, p1) of g for n tokens. Small batches (n <= kMR: decode) run one tile of n tokens over np_for(n)
-// panels at a time, streaming those panels once; larger ones (prefill) run kMR-token tiles over kNP panels, the
-// panels staying in cache while the token tiles pass.
+// panels at a time, streaming those panels once; larger ones (prefill) run kMR-token tiles over kNP panels, in
+// blocks of tokens whose inputs stay in L2 (~256 KiB) while every panel of the range passes over them. Each output
+// is one tile's, so neither choice changes a result.
 template <dtype T>
 inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p0, int64_t p1) {
   const PackedMatrix& w = g.w;
   const int64_t K = w.cols;
-  alignas(64) float out[Simd::kMR * 8 * ops::kPanel];
-  const int group = n <= Simd::kMR ? Simd::np_for(int(n)) : Simd::kNP;
-  // prefill: token rows in blocks whose x rows stay in L2 (~256 KiB) while every panel of the range passes over
-  // them; each output is still one tile's, so the blocking changes no result
+  constexpr int64_t P = ops::kPanel;
+  alignas(64) float out[Simd::kMR * 8 * P];  // [token of the tile][panel][P]
+  const bool small = n <= Simd::kMR;
+  const int group = small ? Simd::np_for(int(n)) : Simd::kNP;
   const int64_t rows_block =
-      n <= Simd::kMR ? n : std::max<int64_t>(Simd::kMR, (int64_t(256) * 1024 / (K * 4)) / Simd::kMR * Simd::kMR);
-  for (int64_t i0 = 0; i0 < n; i0 += rows_block)
-  for (int64_t p = p0; p < p1;) {
-    const int np = p + group <= p1 ? group : 1;
-    for (int64_t i = i0; i < std::min(n, i0 + rows_block); i += Simd::kMR) {
-      const int m = int(std::min<int64_t>(Simd::kMR, n - i));
-      tile_any<T>(m, m == Simd::kMR || n <= Simd::kMR ? np : 1, x + i * K, K, K, w, p, out);
-      if (!(m == Simd::kMR || n <= Simd::kMR) && np > 1)
-        for (int q = 1; q < np; ++q) tile_any<T>(m, 1, x + i * K, K, K, w, p + q, out + q * m * ops::kPanel);
-      // out holds [m][np][kPanel] (one call) or np blocks of [m][kPanel] (the split tail)
-      const bool split = !(m == Simd::kMR || n <= Simd::kMR) && np > 1;
-      for (int mm = 0; mm < m; ++mm)
-        for (int q = 0; q < np; ++q) {
-          const float* v = split ? out + (q * m + mm) * ops::kPanel : out + (mm * np + q) * ops::kPanel;
-          const int64_t r0 = (p + q) * ops::kPanel;
-          float* y = g.y + (i + mm) * g.ldy + r0;
-          if (r0 + ops::kPanel <= w.rows) {
-            finish16(g, r0, v, y);
-          } else {
-            for (int64_t j = 0; r0 + j < w.rows; ++j) y[j] = finish(g, r0 + j, v[j], y[j]);
-          }
-        }
+      small ? n : std::max<int64_t>(Simd::kMR, (int64_t(256) * 1024 / std::max<int64_t>(1, K * 4)) / Simd::kMR * Simd::kMR);
+  for (int64_t i0 = 0; i0 < n; i0 += rows_block) {
+    const int64_t i1 = std::min(n, i0 + rows_block);
+    for (int64_t p = p0; p < p1;) {
+      const int np = p + group <= p1 ? group : 1;
+      for (int64_t i = i0; i < i1; i += Simd::kMR) {
+        const int m = int(std::min<int64_t>(Simd::kMR, i1 - i));
+        tile_any<T>(m, np, x + i * K, K, K, w, p, out, np * P, P);
+        for (int mm = 0; mm < m; ++mm) finish_panels(g, p, np, out + mm * np * P, P, g.y + (i + mm) * g.ldy);
+      }
+      p += np;
     }
-    p += np;
   }
 }
 
@@ -386,12 +417,62 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) {
   return Simd::reduce16(acc);
 }
 
+// max over s[0, n) (NaNs ignored; -inf when n == 0). The order of comparisons differs from a sequential scan
+// only in which of +0 / -0 it returns, and exp(s - mx) is the same for either.
+inline float max_of(const float* s, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int64_t t = 0;
+  if (n >= W) {
+    V m = Simd::set1(mx);
+    for (; t + W <= n; t += W) m = Simd::max(Simd::load(s + t), m);  // lane: s > m ? s : m
+    alignas(64) float l[W];
+    Simd::store(l, m);
+    for (int i = 0; i < W; ++i) mx = l[i] > mx ? l[i] : mx;
+  }
+  for (; t < n; ++t) mx = s[t] > mx ? s[t] : mx;
+  return mx;
+}
+
+// s[t] = s[t] * c for t < n.
+inline void scale_by(float* s, int64_t n, float c) {
+  const V cv = Simd::set1(c);
+  int64_t t = 0;
+  for (; t + W <= n; t += W) Simd::store(s + t, Simd::mul(Simd::load(s + t), cv));
+  for (; t < n; ++t) s[t] = s[t] * c;
+}
+
 // ---- attention --------------------------------------------------------------------------------------------------
 // Up to kQ consecutive query tokens j = 0 .. nq-1 of one head (query j sees rows [0, len0 + j)), each computed
 // exactly as alone: s_j[t] = q_j · k[t] over 16 logical lanes, p_j = exp(s_j - max) * (1 / sum), o_j[d] = FMA chain over t of
 // p_j[t] * v[t, d]. Together they read every key and value row once instead of nq times (prefill is bound by
 // those reads from L2). scores: kQ rows of (len0 + nq - 1) floats.
 constexpr int kQ = 4;
+
+// out[j][d + e] for e < DC * 16 of NQ queries: the FMA chain over t < len[j] of s[j][t] * v[t, d + e] from +0.
+template <int NQ, int DC>
+inline void attention_pv(float* const* s, const int64_t* len, const float* v, int64_t ld, int64_t d, float* out,
+                         int64_t ostride) {
+  V acc[NQ][DC * VP];
+  OPT_K_UNROLL
+  for (int j = 0; j < NQ; ++j)
+    OPT_K_UNROLL
+    for (int c = 0; c < DC * VP; ++c) acc[j][c] = Simd::zero();
+  const int64_t len_max = len[NQ - 1];  // len[j] = len[0] + j
+  for (int64_t t = 0; t < len_max; ++t) {
+    const float* vr = v + t * ld + d;
+    OPT_K_UNROLL
+    for (int j = 0; j < NQ; ++j)
+      if (t < len[j]) {
+        const V pt = Simd::set1(s[j][t]);
+        OPT_K_UNROLL
+        for (int c = 0; c < DC * VP; ++c) acc[j][c] = Simd::fma(pt, Simd::load(vr + c * W), acc[j][c]);
+      }
+  }
+  OPT_K_UNROLL
+  for (int j = 0; j < NQ; ++j)
+    OPT_K_UNROLL
+    for (int c = 0; c < DC * VP; ++c) Simd::store(out + j * ostride + d + c * W, acc[j][c]);
+}
 inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len0, const float* k, const float* v,
                             int64_t ld, int64_t hd, float* out, int64_t ostride, float* scores) {
   const int64_t len_max = len0 + nq - 1;
@@ -434,34 +515,26 @@ inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len
   int64_t len[kQ];
   for (int j = 0; j < nq; ++j) {
     len[j] = len0 + j;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < len[j]; ++t) mx = s[j][t] > mx ? s[j][t] : mx;
-    const float inv = 1.0f / exp_sub_sum(s[j], len[j], mx);
-    for (int64_t t = 0; t < len[j]; ++t) s[j][t] = s[j][t] * inv;
+    const float inv = 1.0f / exp_sub_sum(s[j], len[j], max_of(s[j], len[j]));
+    scale_by(s[j], len[j], inv);
   }
-  // o_j = sum_t p_j[t] v[t]: 16 outputs (VP vectors) of every query per pass over the value rows
+  // o_j = sum_t p_j[t] v[t]: DC chunks of 16 outputs of every query per pass over the value rows, DC chosen so
+  // that about 8 independent accumulator chains hide the FMA latency (one query alone takes 4 chunks)
+  const int dc_max = nq >= 3 ? 1 : 4 / nq;
   int64_t d = 0;
-  for (; d + 16 <= hd; d += 16) {
-    V acc[kQ][VP];
-    OPT_K_UNROLL
-    for (int j = 0; j < kQ; ++j)
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) acc[j][c] = Simd::zero();
-    for (int64_t t = 0; t < len_max; ++t) {
-      V vv[VP];
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) vv[c] = Simd::load(v + t * ld + d + c * W);
-      OPT_K_UNROLL
-      for (int j = 0; j < kQ; ++j)
-        if (j < nq && t < len[j]) {
-          const V pt = Simd::set1(s[j][t]);
-          OPT_K_UNROLL
-          for (int c = 0; c < VP; ++c) acc[j][c] = Simd::fma(pt, vv[c], acc[j][c]);
-        }
+  while (d + 16 <= hd) {
+    const int dc = int(std::min<int64_t>(dc_max, (hd - d) / 16));
+    switch (nq * 8 + dc) {
+      case 8 + 4: attention_pv<1, 4>(s, len, v, ld, d, out, ostride); break;
+      case 8 + 3: attention_pv<1, 3>(s, len, v, ld, d, out, ostride); break;
+      case 8 + 2: attention_pv<1, 2>(s, len, v, ld, d, out, ostride); break;
+      case 8 + 1: attention_pv<1, 1>(s, len, v, ld, d, out, ostride); break;
+      case 16 + 2: attention_pv<2, 2>(s, len, v, ld, d, out, ostride); break;
+      case 16 + 1: attention_pv<2, 1>(s, len, v, ld, d, out, ostride); break;
+      case 24 + 1: attention_pv<3, 1>(s, len, v, ld, d, out, ostride); break;
+      default: attention_pv<4, 1>(s, len, v, ld, d, out, ostride); break;
     }
-    for (int j = 0; j < nq; ++j)
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) Simd::store(out + j * ostride + d + c * W, acc[j][c]);
+    d += 16 * dc;
   }
   for (; d < hd; ++d)
     for (int j = 0; j < nq; ++j) {
