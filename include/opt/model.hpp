@@ -167,6 +167,7 @@ class Workspace {
 
   // 64-byte aligned: every row of a [n, dim] buffer starts on a cache line when dim is a multiple of 16
   ops::aligned_vector<float> x, h, q, k, v, a, e, logits, last, scores;
+  std::vector<int64_t> rows;  // the first row of each chunk of the pass
 
  private:
   static void grow(ops::aligned_vector<float>& v, int64_t n) {
@@ -310,6 +311,9 @@ class Model {
     const int64_t n_logits = opts.all_logits ? N : int64_t(chunks.size());
     ws.reserve(c, N, n_logits, max_len);
     ThreadPool& pool = ws.pool();
+    std::vector<int64_t>& row0 = ws.rows;
+    row0.resize(chunks.size());
+    for (size_t ci = 0, r = 0; ci < chunks.size(); r += size_t(chunks[ci].n), ++ci) row0[ci] = int64_t(r);
     float* x = ws.x.data();  // [N, H] the residual stream
     float* h = ws.h.data();  // [N, max(H, E, ffn)] scratch
     float* q = ws.q.data();  // [N, H]
@@ -367,18 +371,34 @@ class Model {
         }
       }
       {
-        int64_t r = 0;
-        for (const SequenceChunk& ch : chunks) {
-          const int64_t past = ch.cache->size(), n = ch.n;
-          // softmax(q·kᵀ)·v per (token, head); small problems (decode) run on the calling thread
-          if (n * (past + n) * H >= (int64_t(1) << 16))
-            ops::attention(pool, q + r * H, past, n, ch.cache->k(l), ch.cache->v(l), H, nh, hd, a + r * H,
-                           ws.scores.data());
+        // softmax(q·kᵀ)·v per (token, head). A big chunk (a prompt) is split over (head, block of tokens) units
+        // by ops::attention; the small ones (decode steps) go together, one (chunk, head) unit each, in one
+        // parallel pass when there is enough of them to share, else on the calling thread.
+        const auto big = [&](const SequenceChunk& ch) {
+          return ch.n * (ch.cache->size() + ch.n) * H >= (int64_t(1) << 16);
+        };
+        int64_t small_work = 0;
+        for (size_t ci = 0; ci < chunks.size(); ++ci) {
+          const SequenceChunk& ch = chunks[ci];
+          if (big(ch))
+            ops::attention(pool, q + row0[ci] * H, ch.cache->size(), ch.n, ch.cache->k(l), ch.cache->v(l), H, nh,
+                           hd, a + row0[ci] * H, ws.scores.data());
           else
-            ops::attention_rows(q + r * H, past, ch.cache->k(l), ch.cache->v(l), H, nh, hd, a + r * H, H,
-                                ws.scores.data(), 0, n, 0, nh);
-          r += n;
+            small_work += ch.n * (ch.cache->size() + ch.n) * H;
         }
+        const auto small_units = [&](size_t t, size_t b, size_t e) {
+          float* sc = ws.scores.data() + t * size_t(ops::kAttentionScratch * max_len);
+          for (size_t u = b; u < e; ++u) {
+            const size_t ci = u / size_t(nh);
+            const SequenceChunk& ch = chunks[ci];
+            if (big(ch)) continue;
+            const int64_t hh = int64_t(u % size_t(nh));
+            ops::attention_rows(q + row0[ci] * H, ch.cache->size(), ch.cache->k(l), ch.cache->v(l), H, nh, hd,
+                                a + row0[ci] * H, H, sc, 0, ch.n, hh, hh + 1);
+          }
+        };
+        if (small_work >= (int64_t(1) << 16)) pool.parallel_for_t(chunks.size() * size_t(nh), 4, small_units);
+        else if (small_work > 0) small_units(0, 0, chunks.size() * size_t(nh));
       }
       ops::Epilogue res;
       res.residual = true;
