@@ -442,26 +442,77 @@ inline void scale_by(float* s, int64_t n, float c) {
 }
 
 // ---- attention --------------------------------------------------------------------------------------------------
-// Up to kQ consecutive query tokens j = 0 .. nq-1 of one head (query j sees rows [0, len0 + j)), each computed
-// exactly as alone: s_j[t] = q_j · k[t] over 16 logical lanes, p_j = exp(s_j - max) * (1 / sum), o_j[d] = FMA chain over t of
-// p_j[t] * v[t, d]. Together they read every key and value row once instead of nq times (prefill is bound by
-// those reads from L2). scores: kQ rows of (len0 + nq - 1) floats.
-constexpr int kQ = 4;
+// A block of up to kQB consecutive query tokens j of one head (query j sees keys [0, len[j]), len[j] = len[0] + j),
+// each computed exactly as alone: s_j[t] = q_j · k[t] over 16 logical lanes, p_j = exp(s_j - max) * (1 / sum),
+// o_j[d] = the FMA chain over t of p_j[t] * v[t, d] from +0. The block walks the keys in chunks of kKeyChunk
+// rows: a chunk's key (then value) rows come from L2 once and serve every query of the block from L1 (prefill is
+// bound by those reads otherwise). Queries go kG at a time through the register tiles below.
+constexpr int kQB = int(ops::kAttentionScratch), kG = 4;
+constexpr int64_t kKeyChunk = 64;
 
-// out[j][d + e] for e < DC * 16 of NQ queries: the FMA chain over t < len[j] of s[j][t] * v[t, d + e] from +0.
+// s[j][t] = q_j · k[t] for NQ queries and keys [t0, t1).
+template <int NQ>
+inline void attention_scores(const float* q, int64_t qstride, int64_t t0, int64_t t1, const float* k, int64_t ld,
+                             int64_t hd, float* const* s) {
+  const int64_t full = hd / 16 * 16;
+  // q's partial last 16-lane chunk, zero-padded (the padding adds +0 products)
+  alignas(64) float qt[NQ][16] = {}, kt[16] = {};
+  if (full < hd)
+    for (int j = 0; j < NQ; ++j)
+      for (int64_t e = 0; full + e < hd; ++e) qt[j][e] = q[j * qstride + full + e];
+  for (int64_t t = t0; t < t1; ++t) {
+    V acc[NQ][VP];
+    OPT_K_UNROLL
+    for (int j = 0; j < NQ; ++j)
+      OPT_K_UNROLL
+      for (int c = 0; c < VP; ++c) acc[j][c] = Simd::zero();
+    const float* kr = k + t * ld;
+    for (int64_t d = 0; d < full; d += 16)
+      OPT_K_UNROLL
+      for (int c = 0; c < VP; ++c) {
+        const V kv = Simd::load(kr + d + c * W);
+        OPT_K_UNROLL
+        for (int j = 0; j < NQ; ++j) acc[j][c] = Simd::fma(Simd::load(q + j * qstride + d + c * W), kv, acc[j][c]);
+      }
+    if (full < hd) {
+      for (int64_t e = 0; full + e < hd; ++e) kt[e] = kr[full + e];
+      OPT_K_UNROLL
+      for (int c = 0; c < VP; ++c) {
+        const V kv = Simd::load(kt + c * W);
+        OPT_K_UNROLL
+        for (int j = 0; j < NQ; ++j) acc[j][c] = Simd::fma(Simd::load(qt[j] + c * W), kv, acc[j][c]);
+      }
+    }
+    OPT_K_UNROLL
+    for (int j = 0; j < NQ; ++j) s[j][t] = Simd::reduce16(acc[j]);
+  }
+}
+
+// out[j][d + e], e < DC * 16, of NQ queries: the chain over keys t in [t0, t1) with t < len[j], continued from out
+// when t0 > 0 (from +0 otherwise).
 template <int NQ, int DC>
-inline void attention_pv(float* const* s, const int64_t* len, const float* v, int64_t ld, int64_t d, float* out,
-                         int64_t ostride) {
+inline void attention_pv(float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v, int64_t ld,
+                         int64_t d, float* out, int64_t ostride) {
   V acc[NQ][DC * VP];
   OPT_K_UNROLL
   for (int j = 0; j < NQ; ++j)
     OPT_K_UNROLL
-    for (int c = 0; c < DC * VP; ++c) acc[j][c] = Simd::zero();
-  const int64_t len_max = len[NQ - 1];  // len[j] = len[0] + j
-  for (int64_t t = 0; t < len_max; ++t) {
+    for (int c = 0; c < DC * VP; ++c) acc[j][c] = t0 > 0 ? Simd::load(out + j * ostride + d + c * W) : Simd::zero();
+  // keys every query sees, then those only the later queries see
+  const int64_t all = std::min(t1, len[0]);
+  for (int64_t t = t0; t < all; ++t) {
     const float* vr = v + t * ld + d;
     OPT_K_UNROLL
-    for (int j = 0; j < NQ; ++j)
+    for (int j = 0; j < NQ; ++j) {
+      const V pt = Simd::set1(s[j][t]);
+      OPT_K_UNROLL
+      for (int c = 0; c < DC * VP; ++c) acc[j][c] = Simd::fma(pt, Simd::load(vr + c * W), acc[j][c]);
+    }
+  }
+  for (int64_t t = std::max(t0, all); t < std::min(t1, len[NQ - 1]); ++t) {
+    const float* vr = v + t * ld + d;
+    OPT_K_UNROLL
+    for (int j = 1; j < NQ; ++j)
       if (t < len[j]) {
         const V pt = Simd::set1(s[j][t]);
         OPT_K_UNROLL
@@ -473,70 +524,61 @@ inline void attention_pv(float* const* s, const int64_t* len, const float* v, in
     OPT_K_UNROLL
     for (int c = 0; c < DC * VP; ++c) Simd::store(out + j * ostride + d + c * W, acc[j][c]);
 }
-inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len0, const float* k, const float* v,
-                            int64_t ld, int64_t hd, float* out, int64_t ostride, float* scores) {
-  const int64_t len_max = len0 + nq - 1;
-  const int64_t full = hd / 16 * 16;
-  float* s[kQ];
-  for (int j = 0; j < kQ; ++j) s[j] = scores + j * len_max;
-  // q's partial last 16-lane chunk, zero-padded (the padding adds +0 products)
-  alignas(64) float qt[kQ][16] = {}, kt[16] = {};
-  for (int j = 0; j < nq; ++j)
-    for (int64_t e = 0; full + e < hd; ++e) qt[j][e] = q[j * qstride + full + e];
-  // scores: every query against key t (a query's extra keys beyond its causal window are computed, not used)
-  for (int64_t t = 0; t < len_max; ++t) {
-    V acc[kQ][VP];
-    OPT_K_UNROLL
-    for (int j = 0; j < kQ; ++j)
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) acc[j][c] = Simd::zero();
-    const float* kr = k + t * ld;
-    for (int64_t d = 0; d < full; d += 16)
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) {
-        const V kv = Simd::load(kr + d + c * W);
-        OPT_K_UNROLL
-        for (int j = 0; j < kQ; ++j)
-          if (j < nq) acc[j][c] = Simd::fma(Simd::load(q + j * qstride + d + c * W), kv, acc[j][c]);
-      }
-    if (full < hd) {
-      for (int64_t e = 0; full + e < hd; ++e) kt[e] = kr[full + e];
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) {
-        const V kv = Simd::load(kt + c * W);
-        OPT_K_UNROLL
-        for (int j = 0; j < kQ; ++j)
-          if (j < nq) acc[j][c] = Simd::fma(Simd::load(qt[j] + c * W), kv, acc[j][c]);
-      }
-    }
-    for (int j = 0; j < nq; ++j) s[j][t] = Simd::reduce16(acc[j]);
-  }
-  // softmax per query over its own window
-  int64_t len[kQ];
-  for (int j = 0; j < nq; ++j) {
-    len[j] = len0 + j;
-    const float inv = 1.0f / exp_sub_sum(s[j], len[j], max_of(s[j], len[j]));
-    scale_by(s[j], len[j], inv);
-  }
-  // o_j = sum_t p_j[t] v[t]: DC chunks of 16 outputs of every query per pass over the value rows, DC chosen so
-  // that about 8 independent accumulator chains hide the FMA latency (one query alone takes 4 chunks)
-  const int dc_max = nq >= 3 ? 1 : 4 / nq;
-  int64_t d = 0;
-  while (d + 16 <= hd) {
+
+// The value pass of ng <= kG queries over keys [t0, t1): DC chunks of 16 outputs per pass, DC chosen so that about
+// 8 independent accumulator chains hide the FMA latency (one query alone takes 4 chunks).
+inline void attention_pv_group(int ng, float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v,
+                               int64_t ld, int64_t hd, float* out, int64_t ostride) {
+  const int dc_max = ng >= 3 ? 1 : 4 / ng;
+  for (int64_t d = 0; d + 16 <= hd;) {
     const int dc = int(std::min<int64_t>(dc_max, (hd - d) / 16));
-    switch (nq * 8 + dc) {
-      case 8 + 4: attention_pv<1, 4>(s, len, v, ld, d, out, ostride); break;
-      case 8 + 3: attention_pv<1, 3>(s, len, v, ld, d, out, ostride); break;
-      case 8 + 2: attention_pv<1, 2>(s, len, v, ld, d, out, ostride); break;
-      case 8 + 1: attention_pv<1, 1>(s, len, v, ld, d, out, ostride); break;
-      case 16 + 2: attention_pv<2, 2>(s, len, v, ld, d, out, ostride); break;
-      case 16 + 1: attention_pv<2, 1>(s, len, v, ld, d, out, ostride); break;
-      case 24 + 1: attention_pv<3, 1>(s, len, v, ld, d, out, ostride); break;
-      default: attention_pv<4, 1>(s, len, v, ld, d, out, ostride); break;
+    switch (ng * 8 + dc) {
+      case 8 + 4: attention_pv<1, 4>(s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 8 + 3: attention_pv<1, 3>(s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 8 + 2: attention_pv<1, 2>(s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 8 + 1: attention_pv<1, 1>(s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 16 + 2: attention_pv<2, 2>(s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 16 + 1: attention_pv<2, 1>(s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 24 + 1: attention_pv<3, 1>(s, len, t0, t1, v, ld, d, out, ostride); break;
+      default: attention_pv<4, 1>(s, len, t0, t1, v, ld, d, out, ostride); break;
     }
     d += 16 * dc;
   }
-  for (; d < hd; ++d)
+}
+
+// scores: kQB rows of (len0 + nq - 1) floats.
+inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len0, const float* k, const float* v,
+                            int64_t ld, int64_t hd, float* out, int64_t ostride, float* scores) {
+  const int64_t len_max = len0 + nq - 1;
+  float* s[kQB];
+  int64_t len[kQB];
+  for (int j = 0; j < nq; ++j) s[j] = scores + j * len_max, len[j] = len0 + j;
+  // scores: every query of a group against every key of the block (a query's keys beyond its causal window are
+  // computed, not used)
+  for (int64_t t0 = 0; t0 < len_max; t0 += kKeyChunk) {
+    const int64_t t1 = std::min(len_max, t0 + kKeyChunk);
+    for (int g = 0; g < nq; g += kG) {
+      const float* qg = q + g * qstride;
+      switch (std::min(kG, nq - g)) {
+        case 1: attention_scores<1>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
+        case 2: attention_scores<2>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
+        case 3: attention_scores<3>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
+        default: attention_scores<4>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
+      }
+    }
+  }
+  // softmax per query over its own window
+  for (int j = 0; j < nq; ++j) {
+    const float inv = 1.0f / exp_sub_sum(s[j], len[j], max_of(s[j], len[j]));
+    scale_by(s[j], len[j], inv);
+  }
+  // values, chunk by chunk of keys
+  for (int64_t t0 = 0; t0 < len_max; t0 += kKeyChunk) {
+    const int64_t t1 = std::min(len_max, t0 + kKeyChunk);
+    for (int g = 0; g < nq; g += kG)
+      attention_pv_group(std::min(kG, nq - g), s + g, len + g, t0, t1, v, ld, hd, out + g * ostride, ostride);
+  }
+  for (int64_t d = hd / 16 * 16; d < hd; ++d)
     for (int j = 0; j < nq; ++j) {
       float acc = 0.0f;
       for (int64_t t = 0; t < len[j]; ++t) acc = std::fma(s[j][t], v[t * ld + d], acc);
@@ -546,14 +588,14 @@ inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len
 
 // Causal attention of tokens [i0, i1) x heads [h0, h1) of n new tokens at positions [past, past + n):
 // q [n, H] already scaled, k/v the cache rows (stride ld), token i sees rows [0, past + i]; out row stride ld_out;
-// scores: kQ * (past + i1) floats of scratch. Tokens go kQ at a time through attention_block.
+// scores: kQB * (past + i1) floats of scratch. Tokens go kQB at a time through attention_block.
 inline void attention(const float* q, int64_t past, const float* k, const float* v, int64_t ld, int64_t n_heads,
                       int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0, int64_t i1, int64_t h0,
                       int64_t h1) {
   const int64_t H = n_heads * head_dim;
   for (int64_t h = h0; h < h1; ++h)
-    for (int64_t i = i0; i < i1; i += kQ) {
-      const int nq = int(std::min<int64_t>(kQ, i1 - i));
+    for (int64_t i = i0; i < i1; i += kQB) {
+      const int nq = int(std::min<int64_t>(kQB, i1 - i));
       attention_block(q + i * H + h * head_dim, H, nq, past + i + 1, k + h * head_dim, v + h * head_dim, ld,
                       head_dim, out + i * ld_out + h * head_dim, ld_out, scores);
     }

@@ -60,7 +60,7 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) { return kernels::active
 //   q   [n, H]            already scaled by head_dim^-0.5 (OPT scales q before QKᵀ)
 //   k,v [past + n, H]     the sequence's cache rows, row stride `ld` floats
 //   out [n, H]            row stride ld_out
-//   scores: scratch of at least 4 * (past + i1) floats
+//   scores: scratch of at least kAttentionScratch * (past + i1) floats
 // Tokens [i0, i1) x heads [h0, h1); token i attends to cache rows [0, past + i].
 inline void attention_rows(const float* q, int64_t past, const float* k, const float* v, int64_t ld,
                            int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
@@ -68,19 +68,19 @@ inline void attention_rows(const float* q, int64_t past, const float* k, const f
   kernels::active().attention(q, past, k, v, ld, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
 }
 
-// The same for all n tokens and heads, split over (head, block of 4 tokens) units: each unit is computed whole by
-// one thread, a thread walking the tokens of one head (whose key/value columns stay in its cache).
+// The same for all n tokens and heads, split over (head, block of kAttentionScratch tokens) units: each unit is
+// computed whole by one thread, a thread walking the tokens of one head (whose key/value columns stay in its cache).
 // scores: kAttentionScratch * (past + n) floats per pool thread.
-constexpr int64_t kAttentionScratch = 4;
 inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n, const float* k, const float* v,
                       int64_t ld, int64_t n_heads, int64_t head_dim, float* out, float* scores) {
   const kernels::Table& kt = kernels::active();
-  const int64_t H = n_heads * head_dim, len_max = past + n, blocks = (n + 3) / 4;
+  constexpr int64_t B = kAttentionScratch;
+  const int64_t H = n_heads * head_dim, len_max = past + n, blocks = (n + B - 1) / B;
   pool.parallel_for_t(size_t(blocks * n_heads), 1, [&](size_t t, size_t b, size_t e) {
-    float* sc = scores + t * size_t(kAttentionScratch * len_max);
+    float* sc = scores + t * size_t(B * len_max);
     for (size_t p = b; p < e; ++p) {
-      const int64_t hh = int64_t(p) / blocks, i = (int64_t(p) % blocks) * 4;
-      kt.attention(q, past, k, v, ld, n_heads, head_dim, out, H, sc, i, std::min(n, i + 4), hh, hh + 1);
+      const int64_t hh = int64_t(p) / blocks, i = (int64_t(p) % blocks) * B;
+      kt.attention(q, past, k, v, ld, n_heads, head_dim, out, H, sc, i, std::min(n, i + B), hh, hh + 1);
     }
   });
 }

@@ -10,6 +10,9 @@
 OPT_NAMESPACE_BEGIN
 namespace ops {
 
+// Query tokens of one head that the attention kernel takes together; its scratch holds that many rows of scores.
+constexpr int64_t kAttentionScratch = 16;
+
 // What happens to each output value v = x·w before it is stored (fused into the linear kernel, the same
 // operations in the same order as the separate torch ops): v += bias; v *= scale; v = act(v); y = old y + v.
 struct Epilogue {
