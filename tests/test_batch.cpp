@@ -1,5 +1,6 @@
 // The step API (opt::Batch) and sampling: sequences joining and leaving a running batch get exactly what they get
 // alone (the fixtures' generate.alone), finished sequences free their cache, and sampling is reproducible.
+#include <algorithm>
 #include <opt/generate.hpp>
 
 #include "shared.hpp"
@@ -33,30 +34,56 @@ std::vector<AloneCase> alone_cases(const std::string& model) {
 }  // namespace
 
 TEST_CASE("continuous batching: sequences joining between steps get what they get alone") {
-  for (const char* model_name : {"opt-tiny-odd", "opt-tiny-preln", "opt-tiny-postln-proj"}) {
+  for (const char* model_name : {"opt-tiny-odd", "opt-tiny-preln", "opt-tiny-postln-proj", "opt-tiny-gelu-nobias",
+                                 "opt-tiny-nofinalln-silu"}) {
     INFO(model_name);
     opt::Model m = opt::Model::load(opt_test::fixture_dir(model_name));
     auto cases = alone_cases(model_name);
     REQUIRE(cases.size() >= 8);
     opt::Batch batch(m, 2);
-    std::map<opt::SeqId, size_t> which;
+    const opt::Config& cfg = m.config();
+    // a sequence holds a cache of prompt + max_new_tokens positions, keys and values of every layer, in float
+    auto bytes_of = [&](const AloneCase& c) {
+      return 2 * size_t(cfg.num_hidden_layers) * (c.prompt.size() + size_t(c.max_new_tokens)) *
+             size_t(cfg.hidden_size) * sizeof(float);
+    };
+    CHECK(opt::KvCache(cfg, 20).bytes() == 2 * size_t(cfg.num_hidden_layers) * 20 * size_t(cfg.hidden_size) * 4);
+    std::map<opt::SeqId, size_t> which, running;  // running: added, not yet seen finishing
+    std::vector<int> finished(cases.size(), 0);
+    std::vector<opt::SeqId> done;
     size_t next = 0, steps = 0;
     while (next < cases.size() || !batch.empty()) {
       // a new sequence joins every other step, two at a time every fifth
       for (int k = 0; k < (steps % 5 == 0 ? 2 : 1) && next < cases.size() && steps % 2 == 0; ++k, ++next) {
         opt::SequenceOptions so;
         so.max_new_tokens = cases[next].max_new_tokens;
-        which[batch.add(cases[next].prompt, so)] = next;
+        const size_t before = batch.cache_bytes();
+        const opt::SeqId id = batch.add(cases[next].prompt, so);
+        CHECK(batch.cache_bytes() == before + bytes_of(cases[next]));  // the new sequence's cache, exactly
+        which[id] = next;
+        running[id] = next;
       }
       for (const opt::StepToken& t : batch.step()) {
         if (!t.finished) continue;
+        REQUIRE(which.count(t.seq) == 1);
         const AloneCase& c = cases[which[t.seq]];
         CHECK(batch.new_tokens(t.seq) == c.want);
-        CHECK(batch.cache_bytes() >= 0);
-        batch.release(t.seq);
+        ++finished[which[t.seq]];
+        running.erase(t.seq);
+        done.push_back(t.seq);
       }
+      // what the batch holds: the caches of the sequences still running, and nothing of the ones that just
+      // finished (freed when they finish, before release)
+      size_t want_bytes = 0;
+      for (auto& [id, i] : running) want_bytes += bytes_of(cases[i]);
+      CHECK(batch.cache_bytes() == want_bytes);
+      for (opt::SeqId id : done) batch.release(id);
+      done.clear();
       ++steps;
     }
+    CHECK(next == cases.size());
+    CHECK(running.empty());
+    CHECK(std::count(finished.begin(), finished.end(), 1) == long(cases.size()));  // every case finished, once
     CHECK(batch.cache_bytes() == 0);
   }
 }

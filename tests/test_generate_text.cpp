@@ -32,9 +32,11 @@ bool valid_utf8(std::string_view s) {
 
 TEST_CASE("generate(text): the seed's answers, equal to HF batch_decode") {
   Fixture f;
+  size_t checked = 0;
   for (const json& cs : f.goldens["cases"]) {
     const json& g = cs["generate"];
     if (!g.contains("decoded")) continue;
+    ++checked;
     INFO(cs["name"].get<std::string>());
     std::vector<std::string> texts = cs.at("texts").get<std::vector<std::string>>();
     opt::GenerateOptions o;
@@ -47,19 +49,29 @@ TEST_CASE("generate(text): the seed's answers, equal to HF batch_decode") {
     };
     opt::Workspace ws(2);
     opt::GenerateResult r = opt::generate(f.model, f.tok, texts, o, ws);
+    REQUIRE(r.texts.size() == texts.size());
+    REQUIRE(r.completions.size() == texts.size());
+    // every row as it comes out alone (HF's right-padded batch is wrong for short rows; see shared/README)
+    auto want = [&](size_t b, const char* key) {
+      return (g.contains("alone") ? g["alone"][b].at(key) : g.at(key)[b]).get<std::string>();
+    };
     for (size_t b = 0; b < texts.size(); ++b) {
-      // every row as it comes out alone (HF's right-padded batch is wrong for short rows; see shared/README)
-      const json& want = g.contains("alone") ? g["alone"][b] : json{{"decoded", g["decoded"][b]}, {"decoded_new", g["decoded_new"][b]}};
-      CHECK(r.texts[b] == want["decoded"].get<std::string>());
-      CHECK(r.completions[b] == want["decoded_new"].get<std::string>());
+      CHECK(r.texts[b] == want(b, "decoded"));
+      CHECK(r.completions[b] == want(b, "decoded_new"));
+      CHECK(!r.completions[b].empty());
       CHECK(pieces[b] == r.completions[b]);
       CHECK(r.texts[b].rfind(texts[b], 0) == 0);  // the answer starts with its prompt
     }
     o.return_full_text = false;
     o.on_text = nullptr;
     r = opt::generate(f.model, f.tok, texts, o, ws);
-    for (size_t b = 0; b < texts.size(); ++b) CHECK(r.texts[b] == r.completions[b]);
+    REQUIRE(r.texts.size() == texts.size());
+    for (size_t b = 0; b < texts.size(); ++b) {
+      CHECK(r.texts[b] == want(b, "decoded_new"));  // the completion alone, as HF's return_full_text=False
+      CHECK(r.completions[b] == want(b, "decoded_new"));
+    }
   }
+  CHECK(checked >= 3);  // single, batch_left, batch_right: every realvocab case has decoded text
 }
 
 TEST_CASE("generate(text): stop strings, within a token and across tokens") {

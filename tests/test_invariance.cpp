@@ -74,7 +74,8 @@ Logits run(const opt::Model& m, opt::Workspace& ws, const std::vector<std::vecto
 }  // namespace
 
 TEST_CASE("batch invariance: alone == in a batch == step by step, for 1 and 2 threads") {
-  for (const char* name : {"opt-tiny-odd", "opt-tiny-postln-proj", "opt-tiny-preln-bf16"}) {
+  for (const char* name : {"opt-tiny-odd", "opt-tiny-postln-proj", "opt-tiny-preln-bf16", "opt-tiny-gelu-nobias",
+                           "opt-tiny-nofinalln-silu"}) {
     INFO(name);
     opt::Model m = opt::Model::load(opt_test::fixture_dir(name));
     const std::vector<std::vector<int32_t>> rows = {{2, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, {2, 40, 41}, {2, 7, 8, 9, 10, 11}};

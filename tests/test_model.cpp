@@ -1,6 +1,9 @@
 // The model against Hugging Face transformers' own outputs (../shared/fixtures): logits at real positions within
-// 1e-4, per-layer hidden states, per-step scores of the cached decode path, and greedy ids equal to what each
+// 1e-4 (argmax and embed_positions rows at every real position), per-layer hidden states, per-step scores of the
+// cached decode path (all rows of a batch at once, full or top-k), and greedy ids equal to what each
 // prompt generates alone, for every fixture model (F32, F16, BF16, hub-style names, shards, odd sizes).
+#include <algorithm>
+#include <limits>
 #include <opt/generate.hpp>
 
 #include "shared.hpp"
@@ -49,6 +52,98 @@ std::vector<std::vector<float>> forward_rows(const opt::Model& m, const Rows& ro
   return out;
 }
 
+size_t rows_tokens(const Rows& rows) {
+  size_t n = 0;
+  for (auto& r : rows) n += r.size();
+  return n;
+}
+
+// The per-step scores of HF's generate ([steps, B, V] floats, and their top-k) against the cached decode path run
+// on all rows at once: one prompt pass for the batch, then one token per unfinished row per step, each row fed the
+// tokens it generates alone. Compared: every step of a row up to its first EOS; of HF's right-padded batch only the
+// full-length rows (HF predicts a short row from a pad position). Returns the number of (step, row) compared.
+size_t check_scores(const std::string& model_name, const opt::Model& m, const json& cs, const Rows& rows,
+                    const Rows& mask, opt::Workspace& ws) {
+  const auto dir = opt_test::fixture_dir(model_name);
+  const json& g = cs.at("generate");
+  const int64_t V = m.config().vocab_size;
+  const size_t B = rows.size(), steps = g.at("steps");
+  const double tol = 1e-4;
+  std::vector<std::vector<int32_t>> alone(B);
+  std::vector<bool> comparable(B);
+  for (size_t b = 0; b < B; ++b) {
+    alone[b] = g.contains("alone") ? g["alone"][b]["new_tokens"].get<std::vector<int32_t>>()
+                                   : g.at("new_tokens")[b].get<std::vector<int32_t>>();
+    comparable[b] = cs.at("padding") != "right" || std::count(mask[b].begin(), mask[b].end(), 1) == long(mask[b].size());
+  }
+  std::vector<float> full;
+  if (g.contains("scores")) {
+    REQUIRE(g["scores"].at("shape") == json::array({steps, B, V}));
+    full = opt_test::read_f32(dir, g["scores"]);
+    REQUIRE(full.size() == steps * B * size_t(V));
+  }
+  const json* topk = g.contains("scores_topk") ? &g["scores_topk"] : nullptr;
+  if (topk) {
+    REQUIRE(topk->at("ids").size() == steps);
+    REQUIRE(topk->at("values").size() == steps);
+  }
+  REQUIRE((!full.empty() || topk));
+  std::vector<opt::KvCache> kv;
+  for (size_t b = 0; b < B; ++b) kv.emplace_back(m.config());
+  std::vector<opt::SequenceChunk> chunks;
+  for (size_t b = 0; b < B; ++b) chunks.push_back({&kv[b], rows[b].data(), int64_t(rows[b].size())});
+  std::vector<size_t> order(B);  // the rows of this pass, in the order of its logits
+  for (size_t b = 0; b < B; ++b) order[b] = b;
+  opt::LogitsView lv = m.forward(chunks, ws);
+  Diff d, dk;
+  size_t compared = 0;
+  for (size_t s = 0; s < steps; ++s) {
+    REQUIRE(lv.rows == int64_t(order.size()));
+    REQUIRE(lv.cols == V);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const size_t b = order[i];
+      if (!comparable[b]) continue;
+      const float* got = lv.row(int64_t(i));
+      const std::string where = "step " + std::to_string(s) + " row " + std::to_string(b);
+      if (!full.empty())
+        for (int64_t v = 0; v < V; ++v) compare(d, got[v], full[(s * B + b) * size_t(V) + size_t(v)], tol, where);
+      if (topk) {
+        const json& ids = topk->at("ids")[s][b];
+        const json& vals = topk->at("values")[s][b];
+        REQUIRE(ids.size() == topk->at("k").get<size_t>());
+        REQUIRE(vals.size() == ids.size());
+        std::vector<bool> listed(size_t(V), false);
+        float lowest = std::numeric_limits<float>::infinity();
+        for (size_t k = 0; k < ids.size(); ++k) {
+          const int32_t id = ids[k];
+          REQUIRE((id >= 0 && id < V));
+          listed[size_t(id)] = true;
+          lowest = std::min(lowest, vals[k].get<float>());
+          compare(dk, got[id], vals[k].get<float>(), tol, where + " id " + std::to_string(id));
+        }
+        // the top k are the top k: no other logit above the k-th golden value (beyond the tolerance)
+        for (int64_t v = 0; v < V; ++v)
+          if (!listed[size_t(v)]) compare(dk, std::max(got[v], lowest), lowest, tol, where + " unlisted id " + std::to_string(v));
+      }
+      ++compared;
+    }
+    // the next step: each row that has not yet produced all its tokens takes its next one
+    chunks.clear();
+    std::vector<size_t> next;
+    for (size_t b = 0; b < B; ++b)
+      if (s + 1 < alone[b].size()) {
+        next.push_back(b);
+        chunks.push_back({&kv[b], &alone[b][s], 1});
+      }
+    if (next.empty()) break;
+    order = next;
+    lv = m.forward(chunks, ws);
+  }
+  CHECK_MESSAGE(d.count == 0, "scores: " << d.count << " values beyond " << tol << ", maxdiff " << d.max << ": " << d.first);
+  CHECK_MESSAGE(dk.count == 0, "scores_topk: " << dk.count << " values beyond " << tol << ", maxdiff " << dk.max << ": " << dk.first);
+  return compared;
+}
+
 void check_case(const std::string& model_name, const opt::Model& m, const json& cs, size_t threads) {
   const auto dir = opt_test::fixture_dir(model_name);
   const std::string name = cs.at("name");
@@ -61,6 +156,45 @@ void check_case(const std::string& model_name, const opt::Model& m, const json& 
 
   auto logits = forward_rows(m, rows, ws);
   const size_t B = ids.size(), T = ids[0].size();
+  REQUIRE(rows.size() == B);
+  REQUIRE(logits.size() == B);
+  for (size_t b = 0; b < B; ++b) {
+    REQUIRE(!rows[b].empty());
+    REQUIRE(logits[b].size() == rows[b].size() * size_t(V));
+  }
+  // position_rows: the embed_positions rows HF used, cumsum(mask) * mask - 1 + 2; the model uses row j + 2 for the
+  // j-th real token of a row (its cache size), so the two agree on every real position; pads get row 1
+  {
+    const Rows pos = to_rows(cs.at("position_rows"));
+    REQUIRE(pos.size() == B);
+    for (size_t b = 0; b < B; ++b) {
+      REQUIRE(pos[b].size() == T);
+      int32_t j = 0;
+      for (size_t t = 0; t < T; ++t) CHECK_MESSAGE(pos[b][t] == (mask[b][t] ? 2 + j++ : 1), "position_rows[" << b << "][" << t << "]");
+    }
+  }
+  // argmax of the logits at every real position (also where only last-position logits are stored); a different
+  // argmax is only allowed for a tie within the tolerance
+  {
+    const Rows am = to_rows(cs.at("argmax"));
+    REQUIRE(am.size() == B);
+    size_t compared = 0;
+    for (size_t b = 0; b < B; ++b) {
+      REQUIRE(am[b].size() == T);
+      size_t j = 0;
+      for (size_t t = 0; t < T; ++t) {
+        if (!mask[b][t]) continue;
+        const float* l = logits[b].data() + j++ * size_t(V);
+        const int32_t want = am[b][t], got = int32_t(std::max_element(l, l + V) - l);
+        REQUIRE((want >= 0 && want < V));
+        CHECK_MESSAGE((got == want || l[want] >= l[got] - 1e-4f),
+                      "argmax[" << b << "][" << t << "]: got " << got << " (" << l[got] << ") want " << want << " ("
+                                << l[want] << ")");
+        ++compared;
+      }
+    }
+    REQUIRE(compared == rows_tokens(rows));
+  }
   if (cs.contains("logits")) {
     auto want = opt_test::read_f32(dir, cs["logits"]);
     REQUIRE(want.size() == B * T * size_t(V));
@@ -124,6 +258,8 @@ void check_case(const std::string& model_name, const opt::Model& m, const json& 
   opt::GenerateOptions go;
   go.max_new_tokens = g.at("max_new_tokens");
   opt::GenerateResult res = opt::generate_ids(m, rows, go, ws, true);
+  REQUIRE(res.new_tokens.size() == B);
+  REQUIRE(res.first_logits.size() == B);
   for (size_t b = 0; b < B; ++b) {
     std::vector<int32_t> want;
     if (g.contains("alone")) want = g["alone"][b]["new_tokens"].get<std::vector<int32_t>>();
@@ -137,24 +273,11 @@ void check_case(const std::string& model_name, const opt::Model& m, const json& 
     CHECK(res.sequences[b] == seq);
     // the first new token's logits are the prompt's last-position logits
     const float* last = logits[b].data() + (rows[b].size() - 1) * size_t(V);
+    REQUIRE(res.first_logits[b].size() == size_t(V));
     CHECK(std::equal(res.first_logits[b].begin(), res.first_logits[b].end(), last));
   }
-  // per-step scores of the cached decode path (single-row cases; HF's batched scores include pad artefacts)
-  if (B == 1 && g.contains("scores")) {
-    auto want = opt_test::read_f32(dir, g["scores"]);
-    const size_t steps = res.new_tokens[0].size();
-    opt::KvCache kv(m.config());
-    std::vector<int32_t> seq = rows[0];
-    Diff d;
-    opt::LogitsView lv = m.forward({{&kv, seq.data(), int64_t(seq.size())}}, ws);
-    for (size_t s = 0; s < steps; ++s) {
-      for (int64_t v = 0; v < V; ++v)
-        compare(d, lv.row(0)[v], want[s * size_t(V) + size_t(v)], tol, "step " + std::to_string(s));
-      int32_t id = res.new_tokens[0][s];
-      if (s + 1 < steps) lv = m.forward({{&kv, &id, 1}}, ws);
-    }
-    CHECK_MESSAGE(d.count == 0, "scores: maxdiff " << d.max << ": " << d.first);
-  }
+  // per-step scores of the cached decode path, every row of the batch decoding at once
+  CHECK(check_scores(model_name, m, cs, rows, mask, ws) > 0);
 }
 
 }  // namespace

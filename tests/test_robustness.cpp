@@ -8,13 +8,16 @@
 #define OPT_MAX_HEADER_BYTES (1u << 20)
 #define OPT_MAX_TENSORS 200u
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <new>
@@ -489,7 +492,23 @@ TEST_CASE("hostile model folders: each gives a specific opt::error naming what i
 }
 
 TEST_CASE("unreadable files: an io_error naming the file (checked as an unprivileged user when run as root)") {
-  const fs::path dir = scratch("unreadable");
+  // As root (who reads any file: chmod 000 blocks nothing) the check runs in a child dropped to nobody, on a
+  // folder of its own under the system temp folder (0755, every folder above it searchable by others).
+  const bool root = ::geteuid() == 0;
+  fs::path dir;
+  if (root) {
+    std::string tmpl = (fs::temp_directory_path() / "opt_unreadable_XXXXXX").string();
+    REQUIRE_MESSAGE(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp " << tmpl << ": " << std::strerror(errno));
+    dir = tmpl;
+    fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                             fs::perms::others_read | fs::perms::others_exec);
+    for (fs::path p = dir; p != p.root_path(); p = p.parent_path())
+      REQUIRE_MESSAGE((fs::status(p).permissions() & fs::perms::others_exec) != fs::perms::none,
+                      "running as root and " << p.string() << " is not searchable by others: nobody cannot reach "
+                                             << dir.string());
+  } else {
+    dir = scratch("unreadable");
+  }
   write_config(dir);
   write(dir / "model.safetensors", base().file);
   fs::permissions(dir / "model.safetensors", fs::perms::none);
@@ -504,34 +523,30 @@ TEST_CASE("unreadable files: an io_error naming the file (checked as an unprivil
       return std::string("other: ") + e.what();
     }
   };
-  if (::geteuid() != 0) {
+  const std::string want = "model.safetensors: cannot open: Permission denied";
+  if (!root) {
     const std::string what = attempt();
-    CHECK(what.find("model.safetensors: cannot open: Permission denied") != std::string::npos);
+    CHECK_MESSAGE(what.find(want) != std::string::npos, what);
+    fs::permissions(dir / "model.safetensors", fs::perms::owner_all);
     return;
   }
-  // root reads any file: chmod 000 blocks nothing. Drop to nobody in a child process (every folder on the path
-  // must be searchable by others) and check there; report honestly when that is not possible.
-  for (fs::path p = dir; p != p.root_path(); p = p.parent_path())
-    if ((fs::status(p).permissions() & fs::perms::others_exec) == fs::perms::none) {
-      MESSAGE("running as root and " << p.string() << " is not searchable by others: unreadable-file case not checked");
-      return;
-    }
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    if (::geteuid() != 65534) ::_exit(4);
     const std::string what = attempt();
-    ::_exit(what.find("model.safetensors: cannot open: Permission denied") != std::string::npos ? 0 : 1);
+    ::_exit(what.find(want) != std::string::npos ? 0 : what == "loaded" ? 2 : 1);
   }
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 3) {
-    MESSAGE("running as root and cannot drop to uid 65534: unreadable-file case not checked");
-    return;
-  }
-  CHECK_MESSAGE(WEXITSTATUS(status) == 0, "as uid 65534, a chmod 000 model.safetensors did not give the io_error");
   fs::permissions(dir / "model.safetensors", fs::perms::owner_all);
+  fs::remove_all(dir);
+  REQUIRE(WIFEXITED(status));
+  CHECK_MESSAGE(WEXITSTATUS(status) != 3, "running as root: could not drop to uid/gid 65534 in the child");
+  CHECK_MESSAGE(WEXITSTATUS(status) != 4, "running as root: after setuid the child's euid is not 65534");
+  CHECK_MESSAGE(WEXITSTATUS(status) == 0, "as uid 65534, a chmod 000 model.safetensors did not give the io_error (child exit "
+                                              << WEXITSTATUS(status) << ": 2 = it loaded)");
 }
 
 TEST_CASE("NaN and Inf weights pass through: loading succeeds and the logits hold NaN/Inf (documented)") {

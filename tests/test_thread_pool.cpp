@@ -8,22 +8,47 @@
 #include <vector>
 
 TEST_CASE("thread pool: 100k jobs back to back, each chunk exactly once") {
+  // Two callables take turns, each holding the number of the job it serves: a chunk run through the other job's
+  // callable (a worker that read a stale job) sees its tag differ from the job the caller is running.
+  struct Job {
+    std::atomic<int> tag{-1};
+    const std::atomic<int>* current = nullptr;
+    std::vector<std::atomic<int>>* hits = nullptr;
+    std::atomic<long>* bad = nullptr;
+    size_t threads = 0;
+    std::atomic<size_t> n{0};
+    void operator()(size_t t, size_t c) const {
+      // (t, c) in range, and this is the job being run
+      if (t >= threads || c >= n.load(std::memory_order_relaxed) || tag.load(std::memory_order_relaxed) != current->load(std::memory_order_relaxed))
+        bad->fetch_add(1, std::memory_order_relaxed);
+      if (c < hits->size()) (*hits)[c].fetch_add(1, std::memory_order_relaxed);
+    }
+  };
   for (size_t threads : {2, 3}) {
     opt::ThreadPool pool(threads);
     std::vector<std::atomic<int>> hits(64);
-    long bad = 0;
+    std::atomic<long> bad{0}, miscounted{0};
+    std::atomic<int> current{-1};
+    Job jobs[2];
+    for (Job& j : jobs) {
+      j.current = &current;
+      j.hits = &hits;
+      j.bad = &bad;
+      j.threads = threads;
+    }
     for (int job = 0; job < 100000; ++job) {
       const size_t n = 1 + size_t(job % 13);  // job sizes vary, as in a forward pass
-      for (size_t i = 0; i < n; ++i) hits[i].store(0, std::memory_order_relaxed);
-      const int tag = job;
-      pool.run_chunks(n, [&](size_t t, size_t c) {
-        if (t >= threads || c >= n || tag != job) ++bad;  // (t, c) in range, and this job's own callable
-        hits[c].fetch_add(1, std::memory_order_relaxed);
-      });
-      for (size_t i = 0; i < n; ++i)
-        if (hits[i].load() != 1) ++bad;
+      for (size_t i = 0; i < hits.size(); ++i) hits[i].store(0, std::memory_order_relaxed);
+      Job& j = jobs[job % 2];
+      j.n.store(n, std::memory_order_relaxed);
+      j.tag.store(job, std::memory_order_relaxed);
+      current.store(job, std::memory_order_seq_cst);
+      pool.run_chunks(n, j);
+      for (size_t i = 0; i < hits.size(); ++i)
+        if (hits[i].load() != (i < n ? 1 : 0)) miscounted.fetch_add(1);
     }
-    CHECK(bad == 0);
+    CHECK(bad.load() == 0);
+    CHECK(miscounted.load() == 0);
   }
 }
 

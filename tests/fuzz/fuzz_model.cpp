@@ -1,5 +1,6 @@
 // libFuzzer: a whole model load + forward on a fuzzed model.safetensors, against three configs from ../shared
-// (read once): opt-tiny-preln (pre-LN), opt-tiny-postln-proj (post-LN with project_in/out) and opt-tiny-odd.
+// (read once): opt-tiny-preln (pre-LN), opt-tiny-postln-proj (post-LN with project_in/out), opt-tiny-odd,
+// opt-tiny-gelu-nobias (no biases, LayerNorms without affine) and opt-tiny-nofinalln-silu.
 // Each input is tried with each config (a file made for one fails fast on the others). Loading may fail with an
 // opt::error; a model that loads must run a forward pass over a few tokens, then one cached step, without
 // crashing. NaN/Inf weights pass through to the logits (documented behaviour).
@@ -11,7 +12,8 @@ namespace {
 const std::vector<opt::Config>& configs() {
   static const std::vector<opt::Config> c = [] {
     std::vector<opt::Config> v;
-    for (const char* m : {"opt-tiny-preln", "opt-tiny-postln-proj", "opt-tiny-odd"})
+    for (const char* m : {"opt-tiny-preln", "opt-tiny-postln-proj", "opt-tiny-odd", "opt-tiny-gelu-nobias",
+                          "opt-tiny-nofinalln-silu"})
       v.push_back(opt::Config::from_file(opt_fuzz::shared_dir() / "fixtures" / m / "config.json"));
     return v;
   }();

@@ -44,9 +44,10 @@ for m in models:
         size = {"F32": 4, "F16": 2, "BF16": 2}.get(v["dtype"], 4)
         ts[-1] = (k, v["dtype"], [len(ts[-1][3]) // size], ts[-1][3][: (len(ts[-1][3]) // size) * size])
     put("safetensors", m + ".safetensors", st_file(ts, hdr.get("__metadata__")))
-    # model: whole files that fit the configs fuzz_model tries (preln in every dtype and prefix, postln-proj, odd)
+    # model: whole files that fit the configs fuzz_model tries (preln in every dtype and prefix, postln-proj, odd,
+    # gelu-nobias, nofinalln-silu)
     if m in ("opt-tiny-preln", "opt-tiny-preln-fp16", "opt-tiny-preln-bf16", "opt-tiny-preln-hubstyle",
-             "opt-tiny-postln-proj", "opt-tiny-odd"):
+             "opt-tiny-postln-proj", "opt-tiny-odd", "opt-tiny-gelu-nobias", "opt-tiny-nofinalln-silu"):
         put("model", m + ".safetensors", raw)
 put("safetensors", "empty.safetensors", st_file([]))
 put("safetensors", "dtypes.safetensors", st_file([(dt, dt, [2, 1], b"\x01" * (2 * sz)) for dt, sz in
