@@ -208,7 +208,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // the exit-code contract: one line on stderr (CLI11's exit() adds "Run with --help ...")
+    std::cerr << "opt-generate: " << e.what() << " (see --help)\n";
+    return e.get_exit_code();
   }
   // sampling is on when any sampling flag is given
   a.sampling.do_sample = app.count("--temp") || app.count("--top-k") || app.count("--top-p") || app.count("--seed");

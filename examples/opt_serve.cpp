@@ -561,6 +561,15 @@ int main(int argc, char** argv) {
   http.set_read_timeout(o.timeout_s, 0);
   http.set_write_timeout(o.timeout_s, 0);
   http.set_keep_alive_timeout(2);
+  // cpp-httplib 0.11 does not apply the payload limit to chunked bodies (it reads them whole, however long): a
+  // request body needs a Content-Length, checked against --max-body-bytes before a byte of it is read.
+  http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (req.get_header_value("Transfer-Encoding").empty()) return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, {411, "a request body needs a Content-Length (no Transfer-Encoding)", "invalid_request_error", "",
+                     "length_required"});
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // our own JSON error
     const int st = res.status;

@@ -1,6 +1,7 @@
 // What the kernels promise, checked end to end on the fixture models: logits are bitwise identical whatever the
 // thread count, whether a row runs alone or in a batch with other rows, and whether a token is computed in the
-// prompt pass or step by step from the cache (batch invariance); and a decode step allocates nothing.
+// prompt pass or step by step from the cache (batch invariance); and a decode step allocates nothing (Model::forward,
+// Batch::step, Batch::compute + accept, generate), once the first step has sized the buffers.
 // The operator new/delete replacements below pair with malloc/free, which GCC cannot see.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -8,6 +9,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <opt/batch.hpp>
+#include <opt/generate.hpp>
 #include <opt/model.hpp>
 
 #include "shared.hpp"
@@ -119,4 +122,56 @@ TEST_CASE("a decode step does not allocate") {
   const long before = g_allocs.load();
   for (int s = 0; s < 5; ++s) m.forward(step, ws);
   CHECK(g_allocs.load() - before == 0);
+}
+
+TEST_CASE("Batch::step and compute + accept do not allocate after the first decode step") {
+  opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
+  for (bool sampling : {false, true}) {
+    CAPTURE(sampling);
+    opt::Workspace ws(2);
+    opt::Batch batch(m, ws);
+    opt::SequenceOptions so;
+    so.max_new_tokens = 12;
+    so.stop_at_eos = false;
+    if (sampling) {  // the warpers without top_p (top_p sorts; see the generate case)
+      so.sampling.do_sample = true;
+      so.sampling.temperature = 0.8f;
+      so.sampling.top_k = 20;
+      so.sampling.repetition_penalty = 1.3f;
+      so.sampling.seed = 7;
+    }
+    for (int i = 0; i < 3; ++i) batch.add({2, 5 + i, 6, 7, 8 + i}, so);
+    batch.step();  // the prompts
+    batch.step();  // the first decode step may size the workspace
+    const long before = g_allocs.load();
+    size_t tokens = 0;
+    for (int s = 0; s < 4; ++s) tokens += batch.step().size();
+    for (int s = 0; s < 4; ++s)
+      for (const opt::SeqLogits& l : batch.compute()) {
+        batch.accept(l.seq, batch.choose(l));
+        ++tokens;
+      }
+    CHECK(g_allocs.load() - before == 0);
+    CHECK(tokens == 3 * 8);
+  }
+}
+
+TEST_CASE("generate does not allocate after the first decode step") {
+  opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
+  opt::Workspace ws(2);
+  const std::vector<std::vector<int32_t>> prompts = {{2, 5, 6, 7}, {2, 9}, {2, 11, 12, 13, 14, 15}};
+  const size_t B = prompts.size();
+  opt::GenerateOptions o;
+  o.max_new_tokens = 10;
+  o.stop_at_eos = false;
+  std::vector<long> at;  // the counter at each on_token call (reserved: the callback itself allocates nothing)
+  at.reserve(B * size_t(o.max_new_tokens));
+  o.on_token = [&](size_t, int32_t) {
+    at.push_back(g_allocs.load());
+    return true;
+  };
+  (void)opt::generate_ids(m, prompts, o, ws);
+  REQUIRE(at.size() == B * size_t(o.max_new_tokens));
+  // calls 0..B-1 follow the prompt pass, B..2B-1 the first decode step; from then on nothing may allocate
+  CHECK(at.back() - at[2 * B - 1] == 0);
 }

@@ -88,6 +88,7 @@ class Batch {
     Seq s;
     s.prompt_len = prompt.size();
     s.tokens = std::move(prompt);
+    s.tokens.reserve(size_t(need));  // a step appends without allocating
     s.opts = opts;
     s.eos = opts.eos_token_id >= 0 ? opts.eos_token_id : c.eos_token_id;
     s.sampler = Sampler(opts.sampling);
@@ -118,9 +119,10 @@ class Batch {
   }
   bool empty() const noexcept { return active() == 0; }
 
-  // Lower level, step 1: one forward pass for every active sequence; returns each one's next-token logits.
-  // Follow it with accept() for each (or use step(), which does both).
-  std::vector<SeqLogits> compute() {
+  // Lower level, step 1: one forward pass for every active sequence; returns each one's next-token logits
+  // (the batch's own list, valid until the next compute() or step(): a step allocates nothing once the first
+  // decode step has sized the buffers). Follow it with accept() for each (or use step(), which does both).
+  const std::vector<SeqLogits>& compute() {
     chunks_.clear();
     order_.clear();
     for (auto& [id, s] : seqs_) {
@@ -132,10 +134,10 @@ class Batch {
       chunks_.push_back({s.cache.get(), s.tokens.data() + have, pending});
       order_.push_back(id);
     }
-    std::vector<SeqLogits> out;
+    std::vector<SeqLogits>& out = logits_;
+    out.clear();
     if (chunks_.empty()) return out;
     LogitsView lv = model_->forward(chunks_, *ws_);
-    out.reserve(order_.size());
     for (size_t i = 0; i < order_.size(); ++i) out.push_back({order_[i], lv.row(int64_t(i)), lv.cols});
     return out;
   }
@@ -163,11 +165,12 @@ class Batch {
     return s.sampler.sample(l.logits, l.size, s.tokens);
   }
 
-  // One step: compute(), then each sequence's sampler picks its token, then accept().
-  std::vector<StepToken> step() {
-    std::vector<SeqLogits> logits = compute();
-    std::vector<StepToken> out;
-    out.reserve(logits.size());
+  // One step: compute(), then each sequence's sampler picks its token, then accept(). The list is the batch's
+  // own, valid until the next compute() or step().
+  const std::vector<StepToken>& step() {
+    const std::vector<SeqLogits>& logits = compute();
+    std::vector<StepToken>& out = step_out_;
+    out.clear();
     for (const SeqLogits& l : logits) out.push_back(accept(l.seq, choose(l)));
     return out;
   }
@@ -233,6 +236,8 @@ class Batch {
   size_t max_cache_bytes_ = OPT_MAX_KV_BYTES;
   std::vector<SequenceChunk> chunks_;
   std::vector<SeqId> order_;
+  std::vector<SeqLogits> logits_;   // compute()'s result
+  std::vector<StepToken> step_out_;  // step()'s result
 };
 
 OPT_NAMESPACE_END

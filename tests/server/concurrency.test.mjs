@@ -1,5 +1,6 @@
 // Continuous batching: 40 simultaneous clients with different prompts, lengths, budgets, endpoints, streaming or
-// not, greedy or seeded sampling. Each answer must equal what the same request gets alone.
+// not, greedy or seeded sampling. Each answer must equal what the same request gets alone, and every request whose
+// prompt has a Hugging Face golden (each golden prompt once per greedy endpoint) must equal the golden.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { startServer, postJson, getJson, streamCompletion, manyPrompts, goldens, sleep } from "./lib.mjs";
@@ -36,9 +37,13 @@ async function run({ kind, body }) {
   return { text: r.json.choices[0].text, finish: r.json.choices[0].finish_reason };
 }
 
-test("40 simultaneous clients: every answer equals its request run alone", async () => {
-  const prompts = [...manyPrompts(37), "Hello, my dog is cute", "The capital of France is", "Once upon a time"];
-  const jobs = prompts.map((p, i) => job(i, p));
+test("40 simultaneous clients: every answer equals its request run alone, and the goldens", async () => {
+  const jobs = manyPrompts(31).map((p, i) => job(i, p));
+  // the golden prompts (greedy, 8 tokens) on each greedy endpoint: 9 requests checked against Hugging Face
+  for (const [prompt, golden] of G)
+    for (const kind of ["complete", "stream", "generate"])
+      jobs.push({ kind, body: { prompt, max_tokens: golden.max_new_tokens, temperature: 0 }, golden });
+  assert.equal(jobs.length, 40);
   // alone: one request at a time
   const alone = [];
   for (const j of jobs) alone.push(await run(j));
@@ -53,13 +58,17 @@ test("40 simultaneous clients: every answer equals its request run alone", async
   }
   for (let i = 0; i < jobs.length; i++)
     assert.deepEqual(together[i], alone[i], `request ${i} (${jobs[i].kind}, ${JSON.stringify(jobs[i].body)})`);
-  // the golden prompts also match Hugging Face (greedy, first 8 tokens)
-  for (let i = 37; i < 40; i++) {
-    const g = G.get(prompts[i]);
-    const t = together[i].text;
-    if (jobs[i].kind === "generate") assert.ok(t.startsWith(g.decoded), `${t} vs ${g.decoded}`);
-    else if (!jobs[i].kind.startsWith("sample") && !jobs[i].body.stop) assert.ok(t.startsWith(g.decoded_new));
-  }
+  // every golden request matches Hugging Face exactly: /generate returns prompt + continuation, the others the
+  // continuation
+  let checked = 0;
+  jobs.forEach((j, i) => {
+    if (!j.golden) return;
+    const want = j.kind === "generate" ? j.golden.decoded : j.golden.decoded_new;
+    assert.equal(together[i].text, want, `request ${i} (${j.kind}, ${JSON.stringify(j.body)})`);
+    if (j.kind !== "generate") assert.equal(together[i].finish, "length", `request ${i}`);
+    checked++;
+  });
+  assert.equal(checked, 3 * G.size);
   // continuous batching really happened: far fewer steps than tokens
   const steps = h1.steps - h0.steps, tokens = h1.generated_tokens - h0.generated_tokens;
   assert.ok(tokens > 0);

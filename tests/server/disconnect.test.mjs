@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import net from "node:net";
-import { startServer, postJson, getJson, streamCompletion, until, sleep, goldens } from "./lib.mjs";
+import { startServer, postJson, getJson, streamCompletion, sseData, until, sleep, goldens } from "./lib.mjs";
 
 const G = goldens();
 const P1 = "Hello, my dog is cute", P2 = "The capital of France is";
@@ -101,7 +101,7 @@ for (const sig of ["SIGTERM", "SIGINT"]) {
     const streams = Array.from({ length: 3 }, (_, i) =>
       fetch(`${srv.url}/v1/completions`, { method: "POST", headers: { "Content-Type": "application/json" },
         body: JSON.stringify({ prompt: `${P1} ${i}`, max_tokens: 50, temperature: 0, stream: true }),
-        signal: AbortSignal.timeout(20000) }).then((r) => r.text()).catch((e) => "failed: " + e));
+        signal: AbortSignal.timeout(20000) }).then(async (r) => (r.status === 200 ? r.text() : `failed: status ${r.status}`)).catch((e) => "failed: " + e));
     const plain = postJson(`${srv.url}/v1/completions`, { prompt: P2, max_tokens: 50, temperature: 0 })
       .catch((e) => ({ status: -1, error: e }));
     await until(async () => (await health(srv)).active === 2, 5000, "two running sequences");
@@ -111,11 +111,17 @@ for (const sig of ["SIGTERM", "SIGINT"]) {
     assert.equal(code, 0, srv.stderr());
     assert.ok(Date.now() - t0 < 5000, `exit took ${Date.now() - t0} ms`);
     assert.match(srv.stderr(), /shutting down/);
+    // every stream, running or waiting, is told: its last events are the shutdown error, then [DONE] (the HTTP
+    // workers finish their responses before the server exits)
     for (const body of await Promise.all(streams)) {
-      // each stream was told (an error event then [DONE]) or its connection was closed
-      if (!body.startsWith("failed")) assert.match(body, /server shutting down[\s\S]*data: \[DONE\]|^$/);
+      assert.ok(!body.startsWith("failed"), body);
+      const data = sseData(body);
+      assert.equal(data.at(-1), "[DONE]", body.slice(-200));
+      assert.equal(JSON.parse(data.at(-2)).error.message, "server shutting down", body.slice(-200));
     }
+    // and the plain request a JSON 503
     const p = await plain;
-    if (p.status !== -1) assert.equal(p.status, 503);
+    assert.equal(p.status, 503, String(p.error ?? p.text));
+    assert.equal(p.json.error.message, "server shutting down");
   });
 }

@@ -18,7 +18,7 @@ before(async () => {
   client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "unused", maxRetries: 0, timeout: 60000 });
 });
 after(async () => {
-  if (srv) assert.equal((await srv.stop()).code, 0);
+  if (srv) assert.equal((await srv.stop()).code, 0, srv.stderr());
 });
 
 test("models.list", { skip }, async () => {

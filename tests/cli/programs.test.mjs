@@ -1,0 +1,227 @@
+// The command-line contracts of README.md ("Command-line programs"), driven as a user drives them and compared
+// with the Hugging Face goldens in ../shared: opt-generate --jsonl (ids / new_ids / text / logits, either padding
+// side), opt-tokenize --jsonl (encode, --no-bos, --decode, --keep-special, --no-cleanup), opt-convert (and
+// --dtype), and the exit-code contract (0 on success; otherwise exactly one line on stderr and a non-zero code).
+// Run by ctest (tests/CMakeLists.txt) with OPT_GENERATE, OPT_TOKENIZE, OPT_CONVERT = the programs.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync, copyFileSync } from "node:fs";
+import path from "node:path";
+
+const SHARED = process.env.OPT_SHARED_DIR ?? path.resolve(import.meta.dirname, "../../../shared");
+const FIX = path.join(SHARED, "fixtures");
+const TOKDIR = path.join(SHARED, "tokenizer");
+const OUT = process.env.OPT_TEST_OUT ?? "/tmp";
+const PROG = { generate: process.env.OPT_GENERATE, tokenize: process.env.OPT_TOKENIZE, convert: process.env.OPT_CONVERT };
+for (const [k, p] of Object.entries(PROG)) assert.ok(p && existsSync(p), `OPT_${k.toUpperCase()}=${p} is not the program`);
+
+const goldens = (model) => JSON.parse(readFileSync(path.join(FIX, model, "goldens.json"), "utf8"));
+const gcase = (model, name) => goldens(model).cases.find((c) => c.name === name);
+function f32(model, desc) {
+  const b = readFileSync(path.join(FIX, model, desc.file));
+  assert.equal(b.length, desc.nbytes);
+  return new Float32Array(b.buffer, b.byteOffset, b.length / 4);
+}
+
+// Runs a program; `ok` (default) requires the success half of the contract: exit 0, nothing on stderr.
+function run(prog, args, input, { ok = true } = {}) {
+  const r = spawnSync(PROG[prog], args, { input: input ?? "", encoding: "utf8", maxBuffer: 1 << 28, timeout: 120000 });
+  assert.equal(r.error, undefined, String(r.error));
+  if (ok) {
+    assert.equal(r.status, 0, `${prog} ${args.join(" ")}: exit ${r.status} ${r.signal ?? ""}\n${r.stderr}`);
+    assert.equal(r.stderr, "", `${prog}: stderr on success`);
+  }
+  return r;
+}
+const lines = (stdout) => { assert.ok(stdout.endsWith("\n"), "output ends with a newline"); return stdout.slice(0, -1).split("\n").map((l) => JSON.parse(l)); };
+const jsonl = (objs) => objs.map((o) => JSON.stringify(o)).join("\n") + "\n";
+
+// The failure half: a non-zero exit and exactly one non-empty line on stderr.
+function assertFails(prog, args, input, what) {
+  const r = run(prog, args, input, { ok: false });
+  assert.equal(r.signal, null, `${what}: killed by ${r.signal}`);
+  assert.notEqual(r.status, 0, `${what}: exit 0\nstdout: ${r.stdout.slice(0, 300)}`);
+  assert.match(r.stderr, /^[^\n]+\n$/, `${what}: stderr is not exactly one line: ${JSON.stringify(r.stderr)}`);
+  return r;
+}
+
+function maxAbsDiff(a, b) {
+  assert.equal(a.length, b.length);
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+}
+
+test("opt-generate --jsonl: ids, new_ids, text for {ids} and {prompt} lines, left and right padding", () => {
+  const m = path.join(FIX, "opt-tiny-realvocab");
+  for (const name of ["batch_left", "batch_right"]) {
+    const c = gcase("opt-tiny-realvocab", name), gen = c.generate;
+    for (const padding of ["left", "right"]) {
+      for (const input of [c.prompts.map((ids) => ({ ids })), c.texts.map((prompt) => ({ prompt }))]) {
+        const out = lines(run("generate", ["-m", m, "-t", TOKDIR, "-n", String(gen.max_new_tokens), "--padding", padding,
+                                            "--jsonl", "-"], jsonl(input)).stdout);
+        assert.equal(out.length, c.prompts.length, "one output line per input line");
+        out.forEach((o, b) => {
+          const alone = gen.alone[b];
+          assert.deepEqual(Object.keys(o).sort(), ["ids", "new_ids", "text"], `${name} ${padding} row ${b}`);
+          assert.deepEqual(o.new_ids, alone.new_tokens, `${name} ${padding} row ${b}: new_ids`);
+          assert.deepEqual(o.ids, [...c.prompts[b], ...alone.new_tokens], `${name} ${padding} row ${b}: ids unpadded`);
+          assert.equal(o.text, alone.decoded, `${name} ${padding} row ${b}: text`);
+        });
+      }
+    }
+  }
+});
+
+test("opt-generate --jsonl --logits: the logits that chose the first new token; no text without a tokenizer", () => {
+  // realvocab batch_left: the last-position logits of each row, [B, V]
+  const c = gcase("opt-tiny-realvocab", "batch_left");
+  const V = c.logits_last.shape[1], want = f32("opt-tiny-realvocab", c.logits_last);
+  const out = lines(run("generate", ["-m", path.join(FIX, "opt-tiny-realvocab"), "-t", TOKDIR, "-n", "1", "--logits",
+                                      "--jsonl", "-"], jsonl(c.prompts.map((ids) => ({ ids })))).stdout);
+  out.forEach((o, b) => {
+    assert.equal(o.logits.length, V);
+    const d = maxAbsDiff(o.logits, want.subarray(b * V, (b + 1) * V));
+    assert.ok(d <= 1e-4, `row ${b}: max |logits - golden| = ${d}`);
+  });
+  // opt-tiny-preln (no tokenizer in the folder): full [B, T, V] logits, take each row's last real position
+  for (const name of ["batch_left", "batch_right"]) {
+    const p = gcase("opt-tiny-preln", name), [B, T, V2] = p.logits.shape, all = f32("opt-tiny-preln", p.logits);
+    for (const padding of ["left", "right"]) {
+      const o2 = lines(run("generate", ["-m", path.join(FIX, "opt-tiny-preln"), "-n", "2", "--logits", "--padding", padding,
+                                         "--jsonl", "-"], jsonl(p.prompts.map((ids) => ({ ids })))).stdout);
+      assert.equal(o2.length, B);
+      o2.forEach((o, b) => {
+        assert.deepEqual(Object.keys(o).sort(), ["ids", "logits", "new_ids"], "no \"text\" without a tokenizer");
+        const t = p.padding === "left" ? T - 1 : p.prompts[b].length - 1;
+        const d = maxAbsDiff(o.logits, all.subarray((b * T + t) * V2, (b * T + t + 1) * V2));
+        assert.ok(d <= 1e-4, `preln ${name} ${padding} row ${b}: max |logits - golden| = ${d}`);
+        assert.deepEqual(o.new_ids, p.generate.alone[b].new_tokens.slice(0, 2));
+      });
+    }
+  }
+});
+
+test("opt-generate --jsonl: ids the tokenizer lacks stay in ids and new_ids, and are left out of the text", () => {
+  const prompt = [2, 31414, 50265, 6, 50271, 127];
+  const [o] = lines(run("generate", ["-m", path.join(FIX, "opt-tiny-realvocab"), "-t", TOKDIR, "-n", "3", "--jsonl", "-"],
+                        jsonl([{ ids: prompt }])).stdout);
+  assert.deepEqual(o.ids.slice(0, prompt.length), prompt);
+  assert.deepEqual(o.ids.slice(prompt.length), o.new_ids);
+  assert.equal(o.new_ids.length, 3);
+  const known = o.ids.filter((i) => i < 50265);
+  const [d] = lines(run("tokenize", ["-t", TOKDIR, "--decode", "--jsonl", "-"], jsonl([{ ids: known }])).stdout);
+  assert.equal(o.text, d.text);
+});
+
+test("opt-tokenize --jsonl: every golden string, with and without BOS", () => {
+  const t = JSON.parse(readFileSync(path.join(TOKDIR, "tok_goldens.json"), "utf8"));
+  const input = t.encode.map((e) => JSON.stringify(e.text)).join("\n") + "\n";
+  const out = lines(run("tokenize", ["-t", TOKDIR, "--jsonl", "-"], input).stdout);
+  assert.equal(out.length, t.encode.length);
+  out.forEach((o, i) => assert.deepEqual(o, { ids: t.encode[i].ids }, JSON.stringify(t.encode[i].text)));
+  const nb = lines(run("tokenize", ["-t", TOKDIR, "--no-bos", "--jsonl", "-"], input).stdout);
+  nb.forEach((o, i) => assert.deepEqual(o, { ids: t.encode[i].ids_no_special }, JSON.stringify(t.encode[i].text)));
+});
+
+test("opt-tokenize --decode: skip special + cleanup by default, --keep-special, --no-cleanup", () => {
+  const t = JSON.parse(readFileSync(path.join(TOKDIR, "tok_goldens.json"), "utf8"));
+  // ids the tokenizer lacks: transformers raises; opt-tokenize fails (one line naming the id)
+  const errs = t.decode.filter((d) => d.ids && d.skip_true_cleanup_true.error);
+  const dec = t.decode.filter((d) => d.ids && !errs.includes(d)), each = t.decode.filter((d) => d.ids_each);
+  assert.equal(dec.length + each.length + errs.length, t.decode.length);
+  assert.ok(errs.length >= 1);
+  for (const d of errs) {
+    const r = assertFails("tokenize", ["-t", TOKDIR, "--decode", "--jsonl", "-"], jsonl([{ ids: d.ids }]), d.name);
+    assert.match(r.stderr, new RegExp(`id ${d.ids.find((i) => i > 50264)}\\b`), d.name);
+    assert.equal(r.stdout, "");
+  }
+  const input = jsonl(dec.map((d) => ({ ids: d.ids })));
+  for (const [flags, key] of [[[], "skip_true_cleanup_true"], [["--keep-special"], "skip_false_cleanup_true"],
+                              [["--no-cleanup"], "skip_true_cleanup_false"]]) {
+    const out = lines(run("tokenize", ["-t", TOKDIR, "--decode", ...flags, "--jsonl", "-"], input).stdout);
+    assert.equal(out.length, dec.length);
+    out.forEach((o, i) => assert.deepEqual(o, { text: dec[i][key].text }, `${dec[i].name} ${flags}`));
+  }
+  // pieces decoded one line each (a lone byte of a multi-byte character is U+FFFD)
+  for (const d of each) {
+    const out = lines(run("tokenize", ["-t", TOKDIR, "--decode", "--jsonl", "-"], jsonl(d.ids_each.map((ids) => ({ ids })))).stdout);
+    assert.deepEqual(out, d.text_each.map((text) => ({ text })), d.name);
+  }
+  // the encode goldens' decodes too (every string of the encode set)
+  const enc = t.encode;
+  const out = lines(run("tokenize", ["-t", TOKDIR, "--decode", "--jsonl", "-"], jsonl(enc.map((e) => ({ ids: e.ids })))).stdout);
+  out.forEach((o, i) => assert.deepEqual(o, { text: enc[i].decode_skip_special }, JSON.stringify(enc[i].text)));
+});
+
+function safetensorsDtypes(file) {
+  const b = readFileSync(file);
+  const n = Number(b.readBigUInt64LE(0));
+  const h = JSON.parse(b.subarray(8, 8 + n).toString("utf8"));
+  return new Set(Object.entries(h).filter(([k]) => k !== "__metadata__").map(([, v]) => v.dtype));
+}
+
+test("opt-convert: pytorch_model.bin -> safetensors (as stored, --dtype f32/bf16) that load to the goldens", () => {
+  const hub = path.join(FIX, "opt-tiny-preln-hubstyle");
+  const c = gcase("opt-tiny-preln-hubstyle", "batch_left"), [B, T, V] = c.logits.shape;
+  const all = f32("opt-tiny-preln-hubstyle", c.logits);
+  const tmp = mkdtempSync(path.join(OUT, "opt-convert-"));
+  try {
+    // the output folder holds only what opt-convert wrote (and config.json), so what loads is the conversion
+    for (const [dtype, want, tol] of [[null, "F16", 1e-4], ["f32", "F32", 1e-4], ["bf16", "BF16", null]]) {
+      const dst = path.join(tmp, dtype ?? "stored");
+      const args = [path.join(hub, "pytorch_model.bin"), dst, ...(dtype ? ["--dtype", dtype] : [])];
+      const r = run("convert", args);
+      assert.match(r.stdout, /read \d+ tensors/);
+      assert.ok(existsSync(path.join(dst, "model.safetensors")), readdirSync(dst).join(" "));
+      assert.deepEqual([...safetensorsDtypes(path.join(dst, "model.safetensors"))], [want], `--dtype ${dtype}`);
+      if (!existsSync(path.join(dst, "config.json"))) copyFileSync(path.join(hub, "config.json"), path.join(dst, "config.json"));
+      const out = lines(run("generate", ["-m", dst, "-n", String(c.generate.max_new_tokens), "--logits", "--jsonl", "-"],
+                            jsonl(c.prompts.map((ids) => ({ ids })))).stdout);
+      out.forEach((o, b) => {
+        if (tol === null) return;  // bf16 rounds the weights: only the shape of the contract
+        const d = maxAbsDiff(o.logits, all.subarray((b * T + T - 1) * V, (b * T + T) * V));
+        assert.ok(d <= tol, `${want} row ${b}: max |logits - golden| = ${d}`);
+        assert.deepEqual(o.new_ids, c.generate.alone[b].new_tokens, `${want} row ${b}`);
+      });
+      assert.equal(out.length, B);
+    }
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+test("exit codes: 0 on success (above); on any error exactly one line on stderr and a non-zero code", () => {
+  const m = path.join(FIX, "opt-tiny-realvocab");
+  const tmp = mkdtempSync(path.join(OUT, "opt-cli-"));
+  try {
+    writeFileSync(path.join(tmp, "config.json"), "{not json");
+    const cases = [
+      // (no input where the program fails before reading it)
+      ["generate", ["-m", "/nonexistent/model", "--jsonl", "-"], "", "missing model"],
+      ["generate", ["-m", tmp, "--jsonl", "-"], "", "bad config.json"],
+      ["generate", ["-m", m, "--jsonl", "-"], "{not json\n", "malformed input line"],
+      ["generate", ["-m", m, "--jsonl", "-"], '{"ids": [2, 1e3]}\n', "non-integer id"],
+      ["generate", ["-m", m, "--jsonl", "-"], '{"ids": [2, 999999]}\n', "id out of range"],
+      ["generate", ["-m", m, "--jsonl", "-"], "", "no input lines"],
+      ["generate", ["-m", m, "-n", "100", "--jsonl", "-"], '{"ids": [2, 31414]}\n', "past the context"],
+      ["generate", ["-m", m, "--jsonl", "/nonexistent.jsonl"], "", "unreadable --jsonl file"],
+      ["generate", ["-m", m, "--padding", "middle", "--jsonl", "-"], "", "bad --padding"],
+      ["generate", ["-m", m, "--no-such-flag"], "", "unknown flag"],
+      ["generate", [], "", "no arguments"],
+      ["tokenize", ["-t", TOKDIR, "--jsonl", "-"], "42\n", "not a string"],
+      ["tokenize", ["-t", TOKDIR, "--jsonl", "-"], '"ok"\n{bad\n', "malformed line"],
+      ["tokenize", ["-t", TOKDIR, "--decode", "--jsonl", "-"], '{"ids": [50270]}\n', "id the tokenizer lacks"],
+      ["tokenize", ["-t", "/nonexistent", "--jsonl", "-"], "", "missing tokenizer"],
+      ["tokenize", ["--jsonl", "-"], "", "no -t"],
+      ["convert", ["/nonexistent/pytorch_model.bin", path.join(tmp, "o1")], "", "missing input"],
+      ["convert", [path.join(tmp, "config.json"), path.join(tmp, "o2")], "", "not a checkpoint"],
+      ["convert", [path.join(FIX, "opt-tiny-preln-hubstyle"), path.join(tmp, "o3"), "--dtype", "f8"], "", "bad --dtype"],
+      ["convert", [], "", "no arguments"],
+    ];
+    for (const [prog, args, input, what] of cases) assertFails(prog, args, input, `${prog}: ${what}`);
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+});
