@@ -133,10 +133,11 @@ TEST_CASE("Batch::step and compute + accept do not allocate after the first deco
     opt::SequenceOptions so;
     so.max_new_tokens = 12;
     so.stop_at_eos = false;
-    if (sampling) {  // the warpers without top_p (top_p sorts; see the generate case)
+    if (sampling) {  // every warper
       so.sampling.do_sample = true;
       so.sampling.temperature = 0.8f;
       so.sampling.top_k = 20;
+      so.sampling.top_p = 0.9f;
       so.sampling.repetition_penalty = 1.3f;
       so.sampling.seed = 7;
     }

@@ -93,7 +93,14 @@ class Sampler {
     if (o_.top_p < 1.0f) {
       idx_.resize(size_t(n));
       std::iota(idx_.begin(), idx_.end(), 0);
-      std::stable_sort(idx_.begin(), idx_.end(), [&](int32_t a, int32_t b) { return buf_[size_t(a)] < buf_[size_t(b)]; });
+      // ascending by value, ties in id order (what a stable sort gives) and NaN last, as torch.sort puts it;
+      // std::sort on that total order allocates nothing (std::stable_sort takes a buffer every call)
+      std::sort(idx_.begin(), idx_.end(), [&](int32_t a, int32_t b) {
+        const float x = buf_[size_t(a)], y = buf_[size_t(b)];
+        const bool nx = std::isnan(x), ny = std::isnan(y);
+        if (nx || ny) return nx == ny ? a < b : ny;
+        return x < y || (x == y && a < b);
+      });
       softmax_into(probs_);
       double cum = 0;
       for (size_t i = 0; i + 1 < idx_.size(); ++i) {  // the last (largest) always stays
