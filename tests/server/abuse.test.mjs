@@ -25,7 +25,10 @@ function rawExchange(head, chunks) {
       clearTimeout(timer);
       s.destroy();
       const raw = got.toString("latin1"), m = raw.match(/^HTTP\/1\.1 (\d{3})/);
-      const text = got.subarray(got.indexOf("\r\n\r\n") + 4).toString("utf8");
+      // the first answer's body: Content-Length bytes when it has one (the server may go on to answer the rest
+      // of what was sent, as a next request on the same connection, in the same read)
+      const start = got.indexOf("\r\n\r\n") + 4, len = raw.slice(0, start).match(/\r\ncontent-length: *(\d+)/i);
+      const text = got.subarray(start, len ? start + Number(len[1]) : got.length).toString("utf8");
       let json = null;
       try { json = JSON.parse(text); } catch { /* not JSON */ }
       resolve({ raw, status: m ? Number(m[1]) : 0, text, json, sentChunks });
