@@ -347,29 +347,38 @@ inline void finish_panels(const ops::LinearSeg& g, int64_t p, int np, const floa
 }
 
 // Panels [p0, p1) of g for n tokens. Small batches (n <= kMR: decode) run one tile of n tokens over np_for(n)
-// panels at a time, streaming those panels once; larger ones (prefill) run kMR-token tiles over kNP panels, in
-// blocks of tokens whose inputs stay in L2 (~256 KiB) while every panel of the range passes over them. Each output
-// is one tile's, so neither choice changes a result.
+// panels at a time, streaming those panels once. Larger ones (prefill) take the panels in blocks that stay in L2
+// (~256 KiB of weights), and within a block each kMR-token tile of inputs (in L1) passes over every panel of the
+// block. Each output is one tile's, so neither choice changes a result.
 template <dtype T>
 inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p0, int64_t p1) {
   const PackedMatrix& w = g.w;
   const int64_t K = w.cols;
   constexpr int64_t P = ops::kPanel;
   alignas(64) float out[Simd::kMR * 8 * P];  // [token of the tile][panel][P]
-  const bool small = n <= Simd::kMR;
-  const int group = small ? Simd::np_for(int(n)) : Simd::kNP;
-  const int64_t rows_block =
-      small ? n : std::max<int64_t>(Simd::kMR, (int64_t(256) * 1024 / std::max<int64_t>(1, K * 4)) / Simd::kMR * Simd::kMR);
-  for (int64_t i0 = 0; i0 < n; i0 += rows_block) {
-    const int64_t i1 = std::min(n, i0 + rows_block);
+  if (n <= Simd::kMR) {
+    const int group = Simd::np_for(int(n));
     for (int64_t p = p0; p < p1;) {
       const int np = p + group <= p1 ? group : 1;
-      for (int64_t i = i0; i < i1; i += Simd::kMR) {
-        const int m = int(std::min<int64_t>(Simd::kMR, i1 - i));
+      tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P);
+      for (int64_t i = 0; i < n; ++i) finish_panels(g, p, np, out + i * np * P, P, g.y + i * g.ldy);
+      p += np;
+    }
+    return;
+  }
+  constexpr int group = Simd::kNP;
+  const int64_t panel_bytes = std::max<int64_t>(1, K * P * dtype_size_c(T));
+  const int64_t block = std::max<int64_t>(group, (int64_t(256) * 1024 / panel_bytes) / group * group);
+  for (int64_t b0 = p0; b0 < p1; b0 += block) {
+    const int64_t b1 = std::min(p1, b0 + block);
+    for (int64_t i = 0; i < n; i += Simd::kMR) {
+      const int m = int(std::min<int64_t>(Simd::kMR, n - i));
+      for (int64_t p = b0; p < b1;) {
+        const int np = p + group <= b1 ? group : 1;
         tile_any<T>(m, np, x + i * K, K, K, w, p, out, np * P, P);
         for (int mm = 0; mm < m; ++mm) finish_panels(g, p, np, out + mm * np * P, P, g.y + (i + mm) * g.ldy);
+        p += np;
       }
-      p += np;
     }
   }
 }
