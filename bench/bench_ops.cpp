@@ -98,16 +98,16 @@ BENCHMARK(BM_Linear)
     ->Args({48, 3072, 768, 0, 1})
     ->Unit(benchmark::kMillisecond);
 
-// Args: {past, n, threads}: 12 heads of 64
+// Args: {past, n, threads}: 12 heads of 64, the cache laid out as KvCache does (one block of positions per head)
 void BM_Attention(benchmark::State& state) {
-  const int64_t past = state.range(0), n = state.range(1), nh = 12, hd = 64, H = nh * hd;
+  const int64_t past = state.range(0), n = state.range(1), nh = 12, hd = 64, H = nh * hd, hs = (past + n) * hd;
   const size_t threads = size_t(state.range(2));
   std::vector<float> q = randn(size_t(n * H), 3, 0.125f), k = randn(size_t((past + n) * H), 4),
                      v = randn(size_t((past + n) * H), 5), out(size_t(n * H)), want(size_t(n * H));
   std::vector<float> scores(threads * size_t(opt::ops::kAttentionScratch * (past + n)));
   opt::ThreadPool pool(threads);
-  opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
-  opt::ref::attention(q.data(), past, std::min<int64_t>(n, 4), k.data(), v.data(), H, nh, hd, want.data());
+  opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), hd, hs, nh, hd, out.data(), scores.data());
+  opt::ref::attention(q.data(), past, std::min<int64_t>(n, 4), k.data(), v.data(), hd, hs, nh, hd, want.data());
   double worst = 0, tol = 1e-5 * std::sqrt(double(past + n));  // softmax weights sum to 1; |v| ~ 1
   for (int64_t i = 0; i < std::min<int64_t>(n, 4) * H; ++i)
     worst = std::max(worst, std::fabs(double(out[size_t(i)]) - double(want[size_t(i)])));
@@ -116,11 +116,16 @@ void BM_Attention(benchmark::State& state) {
     return;
   }
   for (auto _ : state) {
-    opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
+    opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), hd, hs, nh, hd, out.data(), scores.data());
     benchmark::DoNotOptimize(out.data());
   }
 }
-BENCHMARK(BM_Attention)->Args({56, 1, 1})->Args({511, 1, 2})->Args({0, 512, 2})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Attention)
+    ->Args({56, 1, 1})
+    ->Args({511, 1, 2})
+    ->Args({0, 512, 2})
+    ->Args({0, 512, 1})
+    ->Unit(benchmark::kMicrosecond);
 
 // Args: {n, d}
 void BM_LayerNorm(benchmark::State& state) {

@@ -130,8 +130,8 @@ TEST_CASE("attention matches opt::ref::attention; prompt pass equals step by ste
     std::vector<float> q = randu(size_t(n * H), 1, 0.5f), k = randu(size_t((past + n) * H), 2, 2.0f),
                        v = randu(size_t((past + n) * H), 3), out(size_t(n * H)), want(size_t(n * H));
     std::vector<float> scores(size_t(2 * opt::ops::kAttentionScratch * (past + n)));
-    opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
-    opt::ref::attention(q.data(), past, n, k.data(), v.data(), H, nh, hd, want.data());
+    opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, hd, nh, hd, out.data(), scores.data());
+    opt::ref::attention(q.data(), past, n, k.data(), v.data(), H, hd, nh, hd, want.data());
     // outputs are convex combinations of |v| <= 1; exp is within a few ulps, scores within K * eps * |q||k|
     const double tol = 1e-6 * (1 + double(hd) * 0.5 * 2.0);
     for (size_t i = 0; i < out.size(); ++i) CHECK(std::fabs(out[i] - want[i]) <= tol);
@@ -139,11 +139,30 @@ TEST_CASE("attention matches opt::ref::attention; prompt pass equals step by ste
     std::vector<float> alone(static_cast<size_t>(H));
     bool same = true;
     for (int64_t i = 0; i < n; ++i) {
-      opt::ops::attention(pool, q.data() + i * H, past + i, 1, k.data(), v.data(), H, nh, hd, alone.data(),
+      opt::ops::attention(pool, q.data() + i * H, past + i, 1, k.data(), v.data(), H, hd, nh, hd, alone.data(),
                           scores.data());
       same = same && std::equal(alone.begin(), alone.end(), out.begin() + i * H);
     }
     CHECK(same);
+    // the same cache laid out one block per head (KvCache's layout, with room for 5 more positions) gives the
+    // same bits: prompt pass and decode step
+    const int64_t cap = past + n + 5, T = past + n;
+    std::vector<float> kh(size_t(nh * cap * hd), 7.0f), vh(size_t(nh * cap * hd), 7.0f);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < nh; ++h)
+        for (int64_t d = 0; d < hd; ++d) {
+          kh[size_t((h * cap + t) * hd + d)] = k[size_t(t * H + h * hd + d)];
+          vh[size_t((h * cap + t) * hd + d)] = v[size_t(t * H + h * hd + d)];
+        }
+    std::vector<float> blocked(out.size()), blocked_ref(out.size());
+    opt::ops::attention(pool, q.data(), past, n, kh.data(), vh.data(), hd, cap * hd, nh, hd, blocked.data(),
+                        scores.data());
+    CHECK(blocked == out);
+    opt::ref::attention(q.data(), past, n, kh.data(), vh.data(), hd, cap * hd, nh, hd, blocked_ref.data());
+    CHECK(blocked_ref == want);
+    opt::ops::attention(pool, q.data() + (n - 1) * H, past + n - 1, 1, kh.data(), vh.data(), hd, cap * hd, nh, hd,
+                        alone.data(), scores.data());
+    CHECK(std::equal(alone.begin(), alone.end(), out.begin() + (n - 1) * H));
   }
 }
 
@@ -203,7 +222,7 @@ TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
       std::vector<float> q = randu(size_t(n * H), 1, 0.5f), k = randu(size_t((past + n) * H), 2, 2.0f),
                          v = randu(size_t((past + n) * H), 3), out(size_t(n * H));
       std::vector<float> scores(size_t(2 * opt::ops::kAttentionScratch * (past + n)));
-      opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, nh, hd, out.data(), scores.data());
+      opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, hd, nh, hd, out.data(), scores.data());
       put(out);
     }
     // the int8 quantizer

@@ -118,6 +118,8 @@ class KvCache {
                         std::to_string(c.max_position_embeddings));
     layers_ = c.num_hidden_layers;
     hidden_ = c.hidden_size;
+    heads_ = c.num_attention_heads;
+    head_dim_ = c.hidden_size / c.num_attention_heads;
     capacity_ = capacity;
     const size_t n = size_t(layers_) * size_t(capacity_) * size_t(hidden_);
     k_.assign(n, 0.0f);
@@ -130,15 +132,32 @@ class KvCache {
   void truncate(int64_t n) noexcept { size_ = std::min(size_, std::max<int64_t>(n, 0)); }
   size_t bytes() const noexcept { return (k_.size() + v_.size()) * sizeof(float); }
 
+  // A layer's keys and values: position t of head h at t * ld() + h * head_stride() (each head's positions are
+  // one contiguous block, which attention reads row after row).
   float* k(int64_t layer) noexcept { return k_.data() + size_t(layer) * size_t(capacity_) * size_t(hidden_); }
   float* v(int64_t layer) noexcept { return v_.data() + size_t(layer) * size_t(capacity_) * size_t(hidden_); }
+  int64_t ld() const noexcept { return head_dim_; }
+  int64_t head_stride() const noexcept { return capacity_ * head_dim_; }
   int64_t hidden() const noexcept { return hidden_; }
+  int64_t heads() const noexcept { return heads_; }
   int64_t layers() const noexcept { return layers_; }
   void advance(int64_t n) noexcept { size_ += n; }
+  // Writes n new positions [size(), size() + n) of `layer` from rows k_rows, v_rows [n, hidden] (heads side by side).
+  void store(int64_t layer, const float* k_rows, const float* v_rows, int64_t n) noexcept {
+    float* kl = k(layer);
+    float* vl = v(layer);
+    const int64_t hs = head_stride();
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t h = 0; h < heads_; ++h) {
+        const size_t src = size_t(j * hidden_ + h * head_dim_), dst = size_t(h * hs + (size_ + j) * head_dim_);
+        std::copy(k_rows + src, k_rows + src + head_dim_, kl + dst);
+        std::copy(v_rows + src, v_rows + src + head_dim_, vl + dst);
+      }
+  }
 
  private:
-  int64_t layers_ = 0, hidden_ = 0, capacity_ = 0, size_ = 0;
-  ops::aligned_vector<float> k_, v_;  // [layers, capacity, hidden], 64-byte aligned
+  int64_t layers_ = 0, hidden_ = 0, heads_ = 0, head_dim_ = 0, capacity_ = 0, size_ = 0;
+  ops::aligned_vector<float> k_, v_;  // [layers, heads, capacity, head_dim], 64-byte aligned
 };
 
 // Scratch space for forward passes and the thread pool that runs them. One per calling thread. Buffers grow
@@ -293,7 +312,8 @@ class Model {
       const SequenceChunk& ch = chunks[s];
       if (!ch.cache) throw input_error("forward: sequence " + std::to_string(s) + " has no KvCache");
       if (ch.n <= 0) throw input_error("forward: sequence " + std::to_string(s) + " has no new tokens");
-      if (ch.cache->layers() != c.num_hidden_layers || ch.cache->hidden() != H)
+      if (ch.cache->layers() != c.num_hidden_layers || ch.cache->hidden() != H ||
+          ch.cache->heads() != c.num_attention_heads)
         throw input_error("forward: sequence " + std::to_string(s) + " has a KvCache made for another model");
       if (ch.cache->size() + ch.n > ch.cache->capacity())
         throw input_error("forward: sequence " + std::to_string(s) + " needs " +
@@ -365,8 +385,7 @@ class Model {
         ops::linear_multi(pool, attn_in, N, qkv, 3);  // [N,H] x [3H,H]ᵀ -> [N,3H]
         int64_t r = 0;
         for (const SequenceChunk& ch : chunks) {
-          std::copy(kb + r * H, kb + (r + ch.n) * H, ch.cache->k(l) + ch.cache->size() * H);
-          std::copy(vb + r * H, vb + (r + ch.n) * H, ch.cache->v(l) + ch.cache->size() * H);
+          ch.cache->store(l, kb + r * H, vb + r * H, ch.n);
           r += ch.n;
         }
       }
@@ -381,7 +400,8 @@ class Model {
         for (size_t ci = 0; ci < chunks.size(); ++ci) {
           const SequenceChunk& ch = chunks[ci];
           if (big(ch))
-            ops::attention(pool, q + row0[ci] * H, ch.cache->size(), ch.n, ch.cache->k(l), ch.cache->v(l), H, nh,
+            ops::attention(pool, q + row0[ci] * H, ch.cache->size(), ch.n, ch.cache->k(l), ch.cache->v(l),
+                           ch.cache->ld(), ch.cache->head_stride(), nh,
                            hd, a + row0[ci] * H, ws.scores.data());
           else
             small_work += ch.n * (ch.cache->size() + ch.n) * H;
@@ -393,7 +413,8 @@ class Model {
             const SequenceChunk& ch = chunks[ci];
             if (big(ch)) continue;
             const int64_t hh = int64_t(u % size_t(nh));
-            ops::attention_rows(q + row0[ci] * H, ch.cache->size(), ch.cache->k(l), ch.cache->v(l), H, nh, hd,
+            ops::attention_rows(q + row0[ci] * H, ch.cache->size(), ch.cache->k(l), ch.cache->v(l), ch.cache->ld(),
+                                ch.cache->head_stride(), nh, hd,
                                 a + row0[ci] * H, H, sc, 0, ch.n, hh, hh + 1);
           }
         };

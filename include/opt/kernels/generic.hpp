@@ -596,16 +596,17 @@ inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len
 }
 
 // Causal attention of tokens [i0, i1) x heads [h0, h1) of n new tokens at positions [past, past + n):
-// q [n, H] already scaled, k/v the cache rows (stride ld), token i sees rows [0, past + i]; out row stride ld_out;
+// q [n, H] already scaled, k/v the cache (position t of head h at t * ld + h * hs), token i sees positions
+// [0, past + i]; out row stride ld_out;
 // scores: kQB * (past + i1) floats of scratch. Tokens go kQB at a time through attention_block.
-inline void attention(const float* q, int64_t past, const float* k, const float* v, int64_t ld, int64_t n_heads,
+inline void attention(const float* q, int64_t past, const float* k, const float* v, int64_t ld, int64_t hs, int64_t n_heads,
                       int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0, int64_t i1, int64_t h0,
                       int64_t h1) {
   const int64_t H = n_heads * head_dim;
   for (int64_t h = h0; h < h1; ++h)
     for (int64_t i = i0; i < i1; i += kQB) {
       const int nq = int(std::min<int64_t>(kQB, i1 - i));
-      attention_block(q + i * H + h * head_dim, H, nq, past + i + 1, k + h * head_dim, v + h * head_dim, ld,
+      attention_block(q + i * H + h * head_dim, H, nq, past + i + 1, k + h * hs, v + h * hs, ld,
                       head_dim, out + i * ld_out + h * head_dim, ld_out, scores);
     }
 }

@@ -58,21 +58,22 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) { return kernels::active
 
 // Causal multi-head attention of n new tokens of one sequence at positions [past, past + n).
 //   q   [n, H]            already scaled by head_dim^-0.5 (OPT scales q before QKᵀ)
-//   k,v [past + n, H]     the sequence's cache rows, row stride `ld` floats
+//   k,v                   the sequence's cache: position t of head h at t * ld + h * hs (ld = H, hs = head_dim:
+//                         rows of all heads; ld = head_dim, hs = capacity * head_dim: one block per head)
 //   out [n, H]            row stride ld_out
 //   scores: scratch of at least kAttentionScratch * (past + i1) floats
 // Tokens [i0, i1) x heads [h0, h1); token i attends to cache rows [0, past + i].
 inline void attention_rows(const float* q, int64_t past, const float* k, const float* v, int64_t ld,
-                           int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
+                           int64_t hs, int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
                            int64_t i1, int64_t h0, int64_t h1) {
-  kernels::active().attention(q, past, k, v, ld, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
+  kernels::active().attention(q, past, k, v, ld, hs, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
 }
 
 // The same for all n tokens and heads, split over (head, block of kAttentionScratch tokens) units: each unit is
 // computed whole by one thread, a thread walking the tokens of one head (whose key/value columns stay in its cache).
 // scores: kAttentionScratch * (past + n) floats per pool thread.
 inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n, const float* k, const float* v,
-                      int64_t ld, int64_t n_heads, int64_t head_dim, float* out, float* scores) {
+                      int64_t ld, int64_t hs, int64_t n_heads, int64_t head_dim, float* out, float* scores) {
   const kernels::Table& kt = kernels::active();
   constexpr int64_t B = kAttentionScratch;
   const int64_t H = n_heads * head_dim, len_max = past + n, blocks = (n + B - 1) / B;
@@ -80,7 +81,7 @@ inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n,
     float* sc = scores + t * size_t(B * len_max);
     for (size_t p = b; p < e; ++p) {
       const int64_t hh = int64_t(p) / blocks, i = (int64_t(p) % blocks) * B;
-      kt.attention(q, past, k, v, ld, n_heads, head_dim, out, H, sc, i, std::min(n, i + B), hh, hh + 1);
+      kt.attention(q, past, k, v, ld, hs, n_heads, head_dim, out, H, sc, i, std::min(n, i + B), hh, hh + 1);
     }
   });
 }

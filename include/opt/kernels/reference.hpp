@@ -86,17 +86,17 @@ inline double activate(activation a, double v) {
   return v;
 }
 
-// Causal attention of n new tokens at positions [past, past + n): q [n, H] (already scaled), k/v [past + n, H]
-// with row stride ld, out [n, H]. softmax(q·kᵀ) · v per head, token i seeing cache rows [0, past + i].
+// Causal attention of n new tokens at positions [past, past + n): q [n, H] (already scaled), k/v with position t
+// of head h at t * ld + h * hs, out [n, H]. softmax(q·kᵀ) · v per head, token i seeing cache rows [0, past + i].
 inline void attention(const float* q, int64_t past, int64_t n, const float* k, const float* v, int64_t ld,
-                      int64_t n_heads, int64_t head_dim, float* out) {
+                      int64_t hs, int64_t n_heads, int64_t head_dim, float* out) {
   const int64_t H = n_heads * head_dim, T = past + n;
   using Strided = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0,
                              Eigen::OuterStride<>>;
   for (int64_t h = 0; h < n_heads; ++h) {
     const MatrixD Q = Strided(q + h * head_dim, n, head_dim, Eigen::OuterStride<>(H)).cast<double>();
-    const MatrixD K = Strided(k + h * head_dim, T, head_dim, Eigen::OuterStride<>(ld)).cast<double>();
-    const MatrixD Vh = Strided(v + h * head_dim, T, head_dim, Eigen::OuterStride<>(ld)).cast<double>();
+    const MatrixD K = Strided(k + h * hs, T, head_dim, Eigen::OuterStride<>(ld)).cast<double>();
+    const MatrixD Vh = Strided(v + h * hs, T, head_dim, Eigen::OuterStride<>(ld)).cast<double>();
     MatrixD S = Q * K.transpose();  // [n, T]
     for (int64_t i = 0; i < n; ++i) {
       const int64_t len = past + i + 1;
