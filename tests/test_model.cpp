@@ -162,15 +162,17 @@ void check_case(const std::string& model_name, const opt::Model& m, const json& 
     REQUIRE(!rows[b].empty());
     REQUIRE(logits[b].size() == rows[b].size() * size_t(V));
   }
-  // position_rows: the embed_positions rows HF used, cumsum(mask) * mask - 1 + 2; the model uses row j + 2 for the
-  // j-th real token of a row (its cache size), so the two agree on every real position; pads get row 1
+  // position_rows: the embed_positions rows HF used, cumsum(mask) * mask - 1 + 2; the model reads
+  // opt::position_row(j) for the j-th real token of a row (its cache size), so the two agree on every real
+  // position; pads get HF's position -1
   {
     const Rows pos = to_rows(cs.at("position_rows"));
     REQUIRE(pos.size() == B);
     for (size_t b = 0; b < B; ++b) {
       REQUIRE(pos[b].size() == T);
-      int32_t j = 0;
-      for (size_t t = 0; t < T; ++t) CHECK_MESSAGE(pos[b][t] == (mask[b][t] ? 2 + j++ : 1), "position_rows[" << b << "][" << t << "]");
+      int64_t j = 0;
+      for (size_t t = 0; t < T; ++t)
+        CHECK_MESSAGE(pos[b][t] == opt::position_row(mask[b][t] ? j++ : -1), "position_rows[" << b << "][" << t << "]");
     }
   }
   // argmax of the logits at every real position (also where only last-position logits are stored); a different

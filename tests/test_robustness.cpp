@@ -541,14 +541,23 @@ TEST_CASE("unreadable files: an io_error naming the file (checked as an unprivil
     fs::permissions(dir / "model.safetensors", fs::perms::owner_all);
     return;
   }
+  int out[2];  // the child's outcome (attempt()'s string), for the failure message
+  REQUIRE(::pipe(out) == 0);
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    ::close(out[0]);
     if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
     if (::geteuid() != 65534) ::_exit(4);
     const std::string what = attempt();
+    if (::write(out[1], what.data(), what.size()) != ssize_t(what.size())) ::_exit(5);
     ::_exit(what.find(want) != std::string::npos ? 0 : what == "loaded" ? 2 : 1);
   }
+  ::close(out[1]);
+  std::string what;
+  char buf[512];
+  for (ssize_t k; (k = ::read(out[0], buf, sizeof buf)) > 0;) what.append(buf, size_t(k));
+  ::close(out[0]);
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   fs::permissions(dir / "model.safetensors", fs::perms::owner_all);
@@ -557,7 +566,8 @@ TEST_CASE("unreadable files: an io_error naming the file (checked as an unprivil
   CHECK_MESSAGE(WEXITSTATUS(status) != 3, "running as root: could not drop to uid/gid 65534 in the child");
   CHECK_MESSAGE(WEXITSTATUS(status) != 4, "running as root: after setuid the child's euid is not 65534");
   CHECK_MESSAGE(WEXITSTATUS(status) == 0, "as uid 65534, a chmod 000 model.safetensors did not give the io_error (child exit "
-                                              << WEXITSTATUS(status) << ": 2 = it loaded)");
+                                              << WEXITSTATUS(status) << ": 2 = it loaded): got '" << what << "', want '"
+                                              << want << "'");
 }
 
 TEST_CASE("NaN and Inf weights pass through: loading succeeds and the logits hold NaN/Inf (documented)") {

@@ -51,6 +51,10 @@ struct DecoderLayerWeights {
   LayerNormWeights final_layer_norm;               // [hidden]
 };
 
+// The embed_positions row of a position (the count of real tokens before a token: cumsum(attention_mask) - 1, the
+// cache size): OPT's learned positional embedding is offset by 2 (OPTLearnedPositionalEmbedding in transformers).
+constexpr int64_t position_row(int64_t position) noexcept { return position + 2; }
+
 struct ModelWeights {
   MatrixRef embed_tokens;             // [vocab, word_embed_proj_dim]; also the tied lm_head
   MatrixRef embed_positions;          // [max_position_embeddings + 2, hidden]
@@ -354,11 +358,11 @@ class Model {
       }
       if (c.has_projections()) ops::linear(pool, e, N, w_.project_in_packed, nullptr, x);  // [N,E] x [H,E]ᵀ -> [N,H]
       else std::copy(e, e + N * H, x);
-      // positions: the cache size is the count of real tokens before this one (cumsum(mask) - 1), offset 2
+      // positions: the cache size is the count of real tokens before this one (cumsum(mask) - 1)
       r = 0;
       for (const SequenceChunk& ch : chunks)
         for (int64_t j = 0; j < ch.n; ++j, ++r) {
-          ops::row_to_f32(w_.embed_positions, ch.cache->size() + j + 2, h);
+          ops::row_to_f32(w_.embed_positions, position_row(ch.cache->size() + j), h);
           float* xr = x + r * H;
           for (int64_t d = 0; d < H; ++d) xr[d] += h[d];
         }
