@@ -72,6 +72,9 @@ struct Simd {
     const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));
     return _mm_cvtss_f32(_mm_add_ss(w, _mm_movehdup_ps(w)));
   }
+  static void reduce16x4(const V* a, const V* b, const V* c, const V* d, float* r) {
+    r[0] = reduce16(a), r[1] = reduce16(b), r[2] = reduce16(c), r[3] = reduce16(d);
+  }
 };
 
 #include "opt/kernels/generic.hpp"

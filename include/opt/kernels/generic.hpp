@@ -492,8 +492,15 @@ inline void attention_scores(const float* q, int64_t qstride, int64_t t0, int64_
         for (int j = 0; j < NQ; ++j) acc[j][c] = Simd::fma(Simd::load(qt[j] + c * W), kv, acc[j][c]);
       }
     }
-    OPT_K_UNROLL
-    for (int j = 0; j < NQ; ++j) s[j][t] = Simd::reduce16(acc[j]);
+    if constexpr (NQ == 4) {
+      float r[4];
+      Simd::reduce16x4(acc[0], acc[1], acc[2], acc[3], r);
+      OPT_K_UNROLL
+      for (int j = 0; j < 4; ++j) s[j][t] = r[j];
+    } else {
+      OPT_K_UNROLL
+      for (int j = 0; j < NQ; ++j) s[j][t] = Simd::reduce16(acc[j]);
+    }
   }
 }
 

@@ -51,6 +51,9 @@ struct Simd {
     const float32x2_t c = vadd_f32(vget_low_f32(b), vget_high_f32(b));
     return vget_lane_f32(c, 0) + vget_lane_f32(c, 1);
   }
+  static void reduce16x4(const V* a, const V* b, const V* c, const V* d, float* r) {
+    r[0] = reduce16(a), r[1] = reduce16(b), r[2] = reduce16(c), r[3] = reduce16(d);
+  }
 };
 
 #include "opt/kernels/generic.hpp"

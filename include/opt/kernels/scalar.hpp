@@ -45,6 +45,9 @@ struct Simd {
     for (int l = 0; l < 4; ++l) c[l] = b[l] + b[l + 4];
     return (c[0] + c[2]) + (c[1] + c[3]);
   }
+  static void reduce16x4(const V* a, const V* b, const V* c, const V* d, float* r) {
+    r[0] = reduce16(a), r[1] = reduce16(b), r[2] = reduce16(c), r[3] = reduce16(d);
+  }
 };
 
 #include "opt/kernels/generic.hpp"
