@@ -541,22 +541,36 @@ inline void attention_pv(float* const* s, const int64_t* len, int64_t t0, int64_
     for (int c = 0; c < DC * VP; ++c) Simd::store(out + j * ostride + d + c * W, acc[j][c]);
 }
 
-// The value pass of ng <= kG queries over keys [t0, t1): DC chunks of 16 outputs per pass, DC chosen so that about
-// 8 independent accumulator chains hide the FMA latency (one query alone takes 4 chunks).
+// The value pass: queries go kPvG at a time, each pass over the keys computing DC chunks of 16 outputs of every
+// query of the group. kPvG and pv_dc(ng) give the most independent accumulator chains that fit the registers
+// (those chains hide the FMA latency; each key's values and each query's weight are loaded once per pass).
+constexpr int kPvChains = Simd::kRegs - 4 < 28 ? Simd::kRegs - 4 : 28;  // vectors of accumulators
+constexpr int kPvG = VP == 2 ? 3 : 4;                                  // AVX2: 3 queries x 32 outputs = 12
+constexpr int pv_dc(int ng) {
+  const int dc = kPvChains / (ng * VP);
+  return dc < 1 ? 1 : dc > 4 ? 4 : dc;
+}
+
+template <int NQ, int DC = pv_dc(NQ)>
+inline void attention_pv_dc(int dc, float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v,
+                            int64_t ld, int64_t d, float* out, int64_t ostride) {
+  if constexpr (DC > 1) {
+    if (dc < DC) return attention_pv_dc<NQ, DC - 1>(dc, s, len, t0, t1, v, ld, d, out, ostride);
+  }
+  attention_pv<NQ, DC>(s, len, t0, t1, v, ld, d, out, ostride);
+}
+
+// ng <= kPvG queries over keys [t0, t1), all whole 16-output chunks of the head.
 inline void attention_pv_group(int ng, float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v,
                                int64_t ld, int64_t hd, float* out, int64_t ostride) {
-  const int dc_max = ng >= 3 ? 1 : 4 / ng;
+  static_assert(kPvG >= 1 && kPvG <= 4, "value-pass groups of 1..4 queries");
   for (int64_t d = 0; d + 16 <= hd;) {
-    const int dc = int(std::min<int64_t>(dc_max, (hd - d) / 16));
-    switch (ng * 8 + dc) {
-      case 8 + 4: attention_pv<1, 4>(s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 8 + 3: attention_pv<1, 3>(s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 8 + 2: attention_pv<1, 2>(s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 8 + 1: attention_pv<1, 1>(s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 16 + 2: attention_pv<2, 2>(s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 16 + 1: attention_pv<2, 1>(s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 24 + 1: attention_pv<3, 1>(s, len, t0, t1, v, ld, d, out, ostride); break;
-      default: attention_pv<4, 1>(s, len, t0, t1, v, ld, d, out, ostride); break;
+    const int dc = int(std::min<int64_t>(pv_dc(ng), (hd - d) / 16));
+    switch (ng) {
+      case 1: attention_pv_dc<1>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 2: if constexpr (kPvG >= 2) attention_pv_dc<2>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 3: if constexpr (kPvG >= 3) attention_pv_dc<3>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      default: if constexpr (kPvG >= 4) attention_pv_dc<4>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
     }
     d += 16 * dc;
   }
@@ -591,8 +605,8 @@ inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len
   // values, chunk by chunk of keys
   for (int64_t t0 = 0; t0 < len_max; t0 += kKeyChunk) {
     const int64_t t1 = std::min(len_max, t0 + kKeyChunk);
-    for (int g = 0; g < nq; g += kG)
-      attention_pv_group(std::min(kG, nq - g), s + g, len + g, t0, t1, v, ld, hd, out + g * ostride, ostride);
+    for (int g = 0; g < nq; g += kPvG)
+      attention_pv_group(std::min(kPvG, nq - g), s + g, len + g, t0, t1, v, ld, hd, out + g * ostride, ostride);
   }
   for (int64_t d = hd / 16 * 16; d < hd; ++d)
     for (int j = 0; j < nq; ++j) {
