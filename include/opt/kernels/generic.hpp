@@ -551,13 +551,18 @@ constexpr int pv_dc(int ng) {
   return dc < 1 ? 1 : dc > 4 ? 4 : dc;
 }
 
-template <int NQ, int DC = pv_dc(NQ)>
-inline void attention_pv_dc(int dc, float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v,
-                            int64_t ld, int64_t d, float* out, int64_t ostride) {
-  if constexpr (DC > 1) {
-    if (dc < DC) return attention_pv_dc<NQ, DC - 1>(dc, s, len, t0, t1, v, ld, d, out, ostride);
+// dc chunks from d: one pass of pv_dc(NQ) chunks, or (a head's last few chunks) passes of one chunk each; two
+// shapes per group size keep the template instances (and a consumer's compile time) few.
+template <int NQ>
+inline int attention_pv_dc(int dc, float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v,
+                           int64_t ld, int64_t d, float* out, int64_t ostride) {
+  constexpr int DC = pv_dc(NQ);
+  if (DC > 1 && dc == DC) {
+    attention_pv<NQ, DC>(s, len, t0, t1, v, ld, d, out, ostride);
+    return DC;
   }
-  attention_pv<NQ, DC>(s, len, t0, t1, v, ld, d, out, ostride);
+  attention_pv<NQ, 1>(s, len, t0, t1, v, ld, d, out, ostride);
+  return 1;
 }
 
 // ng <= kPvG queries over keys [t0, t1), all whole 16-output chunks of the head.
@@ -566,13 +571,14 @@ inline void attention_pv_group(int ng, float* const* s, const int64_t* len, int6
   static_assert(kPvG >= 1 && kPvG <= 4, "value-pass groups of 1..4 queries");
   for (int64_t d = 0; d + 16 <= hd;) {
     const int dc = int(std::min<int64_t>(pv_dc(ng), (hd - d) / 16));
+    int done = 1;
     switch (ng) {
-      case 1: attention_pv_dc<1>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 2: if constexpr (kPvG >= 2) attention_pv_dc<2>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 3: if constexpr (kPvG >= 3) attention_pv_dc<3>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
-      default: if constexpr (kPvG >= 4) attention_pv_dc<4>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 1: done = attention_pv_dc<1>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 2: if constexpr (kPvG >= 2) done = attention_pv_dc<2>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 3: if constexpr (kPvG >= 3) done = attention_pv_dc<3>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      default: if constexpr (kPvG >= 4) done = attention_pv_dc<4>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
     }
-    d += 16 * dc;
+    d += 16 * done;
   }
 }
 
