@@ -1,28 +1,49 @@
-// opt-make-random: writes a random-weight OPT checkpoint (config.json + model.safetensors) of a real model's
-// shape, so benchmarks and tests run without a download.
+// opt-make-random: writes a random-weight OPT checkpoint (config.json + safetensors, in shards of at most 5 GB with
+// model.safetensors.index.json when larger, like the hub) of a published model's shape, so benchmarks and tests
+// run without a download. One tensor is held in memory at a time.
 //
 //   opt-make-random out/opt-125m-f32                      # opt-125m shape, F32
 //   opt-make-random out/opt-1.3b-bf16 --model opt-1.3b --dtype bf16 --seed 7
+//   opt-make-random out/opt-13b-bf16 --model 13b --dtype bf16 --max-shard-size 2GB
+//   opt-make-random --list                                 # the shapes, one per line
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <iostream>
 #include <opt/random_checkpoint.hpp>
 #include <string>
 
+#include "size_option.hpp"
+
 int main(int argc, char** argv) {
   CLI::App app{"Write a random-weight OPT checkpoint", "opt-make-random"};
-  std::string dir, model = "opt-125m", dtype_name = "f32";
+  std::string dir, model = "opt-125m", dtype_name = "f32", shard = "5GB";
   uint64_t seed = 1;
-  app.add_option("dir", dir, "output folder")->required();
-  app.add_option("--model", model, "opt-125m, opt-350m or opt-1.3b")->capture_default_str();
+  bool list = false;
+  std::string names;
+  for (const opt::OptShape& s : opt::kOptShapes) names += std::string(names.empty() ? "" : ", ") + s.name;
+  app.add_option("dir", dir, "output folder");
+  app.add_option("--model", model, "a published shape: " + names + " (or 125m, 1.3b, ...)")->capture_default_str();
   app.add_option("--dtype", dtype_name, "f32, f16 or bf16")->capture_default_str();
   app.add_option("--seed", seed, "random seed")->capture_default_str();
+  app.add_option("--max-shard-size", shard, "largest shard (5GB, 500MB, 0 = one file)")->capture_default_str();
+  app.add_flag("--list", list, "print the shapes (name hidden layers heads ffn word_embed_proj_dim pre_ln) and exit");
   CLI11_PARSE(app, argc, argv);
   try {
-    opt::dtype t = dtype_name == "f32"    ? opt::dtype::F32
-                   : dtype_name == "f16"  ? opt::dtype::F16
-                   : dtype_name == "bf16" ? opt::dtype::BF16
-                                          : throw opt::input_error("--dtype: expected f32, f16 or bf16, got " + dtype_name);
-    opt::write_random_checkpoint(dir, opt::opt_shape(model), t, seed);
+    if (list) {
+      for (const opt::OptShape& s : opt::kOptShapes)
+        std::cout << s.name << ' ' << s.hidden << ' ' << s.layers << ' ' << s.heads << ' ' << s.ffn << ' '
+                  << s.word_embed_proj_dim << ' ' << (s.pre_ln ? "pre_ln" : "post_ln") << '\n';
+      return 0;
+    }
+    if (dir.empty()) throw opt::input_error("an output folder is required");
+    opt::RandomCheckpointOptions o;
+    o.type = dtype_name == "f32"    ? opt::dtype::F32
+             : dtype_name == "f16"  ? opt::dtype::F16
+             : dtype_name == "bf16" ? opt::dtype::BF16
+                                    : throw opt::input_error("--dtype: expected f32, f16 or bf16, got " + dtype_name);
+    o.seed = seed;
+    o.max_shard_bytes = parse_size(shard);
+    opt::write_random_checkpoint(dir, opt::opt_shape(model), o);
   } catch (const std::exception& e) {
     std::cerr << "opt-make-random: " << e.what() << '\n';
     return 1;

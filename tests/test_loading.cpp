@@ -1,6 +1,11 @@
 // Loading: safetensors validation, config.json validation, tensor checks, and bad inputs at the API. Every
 // failure is an opt::error subclass whose message names the file / tensor / key and what was expected.
+#include <cstdio>
+#include <fstream>
 #include <opt/generate.hpp>
+#include <opt/random_checkpoint.hpp>
+#include <set>
+#include <sstream>
 
 #include "shared.hpp"
 
@@ -254,4 +259,104 @@ TEST_CASE("limits: absurd max_new_tokens and KV-cache memory are refused before 
   check_throws<opt::limit_error>([&] { batch.add({2, 5}, so); }, {"Batch::add", "would exceed 20480 bytes"});
   while (!batch.empty()) batch.step();  // finished sequences free their share
   CHECK_NOTHROW(batch.add({2, 5}, so));
+}
+
+TEST_CASE("random checkpoints: every published shape, as the hub's config.json files have it") {
+  struct Want {
+    const char* name;
+    int64_t H, L, heads, F, E;
+    bool pre_ln;
+  };
+  // facebook/opt-*/config.json: hidden_size, num_hidden_layers, num_attention_heads, ffn_dim, word_embed_proj_dim,
+  // do_layer_norm_before
+  const Want want[] = {{"opt-125m", 768, 12, 12, 3072, 768, true},     {"opt-350m", 1024, 24, 16, 4096, 512, false},
+                       {"opt-1.3b", 2048, 24, 32, 8192, 2048, true},   {"opt-2.7b", 2560, 32, 32, 10240, 2560, true},
+                       {"opt-6.7b", 4096, 32, 32, 16384, 4096, true},  {"opt-13b", 5120, 40, 40, 20480, 5120, true},
+                       {"opt-30b", 7168, 48, 56, 28672, 7168, true},   {"opt-66b", 9216, 64, 72, 36864, 9216, true}};
+  REQUIRE(std::size(opt::kOptShapes) == std::size(want));
+  for (const Want& w : want) {
+    INFO(w.name);
+    for (const std::string& n : {std::string(w.name), std::string(w.name).substr(4), "facebook/" + std::string(w.name)}) {
+      const opt::Config c = opt::opt_shape(n);
+      CHECK(c.hidden_size == w.H);
+      CHECK(c.num_hidden_layers == w.L);
+      CHECK(c.num_attention_heads == w.heads);
+      CHECK(c.ffn_dim == w.F);
+      CHECK(c.word_embed_proj_dim == w.E);
+      CHECK(c.do_layer_norm_before == w.pre_ln);
+      CHECK(c.vocab_size == 50272);
+      CHECK(c.max_position_embeddings == 2048);
+      CHECK(c.activation_function == "relu");
+      CHECK(c.enable_bias);
+      CHECK(c.has_final_layer_norm() == w.pre_ln);  // opt-350m has none
+      CHECK_NOTHROW(c.validate("opt_shape"));
+    }
+  }
+  // the tensor list: opt-125m has 125,239,296 parameters (the hub's count; lm_head is tied, not a tensor)
+  size_t params = 0;
+  const auto specs = opt::random_checkpoint_tensors(opt::opt_shape("opt-125m"));
+  for (const auto& s : specs) params += s.elements();
+  CHECK(params == 125239296u);
+  check_throws<opt::input_error>([] { opt::opt_shape("opt-7b"); }, {"unknown model 'opt-7b'", "opt-66b"});
+}
+
+TEST_CASE("random checkpoints: shards and an index like the hub's, the same weights as one file") {
+  opt::Config c;
+  c.vocab_size = 300, c.hidden_size = 64, c.num_hidden_layers = 3, c.ffn_dim = 128, c.num_attention_heads = 4;
+  c.word_embed_proj_dim = 64, c.max_position_embeddings = 32;
+  const fs::path one = scratch("random-one"), sharded = scratch("random-sharded");
+  opt::RandomCheckpointOptions o;
+  o.type = opt::dtype::BF16;
+  o.seed = 5;
+  opt::write_random_checkpoint(one, c, o);
+  CHECK(fs::exists(one / "model.safetensors"));
+  CHECK_FALSE(fs::exists(one / "model.safetensors.index.json"));
+  o.max_shard_bytes = 40000;  // the 38400-byte embedding alone, then layers
+  opt::write_random_checkpoint(sharded, c, o);
+  CHECK_FALSE(fs::exists(sharded / "model.safetensors"));
+  std::ifstream in(sharded / "model.safetensors.index.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const json index = json::parse(text.str());
+  const auto specs = opt::random_checkpoint_tensors(c);
+  REQUIRE(index.at("weight_map").size() == specs.size());
+  std::set<std::string> files;
+  uint64_t total = 0;
+  for (const auto& s : specs) {
+    files.insert(index.at("weight_map").at(s.name).get<std::string>());
+    total += uint64_t(s.elements()) * 2;
+  }
+  CHECK(index.at("metadata").at("total_size").get<uint64_t>() == total);
+  REQUIRE(files.size() > 2);
+  for (size_t k = 1; k <= files.size(); ++k) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k, files.size());
+    CHECK(files.count(name) == 1);
+    CHECK(fs::exists(sharded / name));
+    if (k > 1) {  // each shard but one holding a lone big tensor stays within the limit
+      const uint64_t sz = fs::file_size(sharded / name);
+      CHECK(sz < 40000 + 4096);
+    }
+  }
+  // both load, to the same logits bit for bit
+  const opt::Model a = opt::Model::load(one), b = opt::Model::load(sharded);
+  opt::Workspace ws(1);
+  const std::vector<int32_t> ids = {2, 17, 250, 3, 99};
+  opt::KvCache ka(a.config()), kb(b.config());
+  opt::ForwardOptions fo;
+  fo.all_logits = true;
+  const opt::LogitsView la = a.forward({{&ka, ids.data(), int64_t(ids.size())}}, ws, fo);
+  const std::vector<float> first(la.data, la.data + la.rows * la.cols);
+  const opt::LogitsView lb = b.forward({{&kb, ids.data(), int64_t(ids.size())}}, ws, fo);
+  REQUIRE(size_t(lb.rows * lb.cols) == first.size());
+  CHECK(std::equal(first.begin(), first.end(), lb.data));
+  // writing the other form over a folder leaves only that form
+  o.max_shard_bytes = 0;
+  opt::write_random_checkpoint(sharded, c, o);
+  CHECK(fs::exists(sharded / "model.safetensors"));
+  CHECK_FALSE(fs::exists(sharded / "model.safetensors.index.json"));
+  const opt::Model again = opt::Model::load(sharded);
+  opt::KvCache kc(again.config());
+  const opt::LogitsView lc = again.forward({{&kc, ids.data(), int64_t(ids.size())}}, ws, fo);
+  CHECK(std::equal(first.begin(), first.end(), lc.data));
 }

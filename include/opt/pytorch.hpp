@@ -349,14 +349,6 @@ inline void write_safetensors_file(const std::filesystem::path& path, const std:
   if (ec) throw io_error(path.string() + ": cannot rename " + tmp.filename().string() + " into place: " + ec.message());
 }
 
-inline std::string shard_name(size_t i, size_t n) {
-  auto pad = [](size_t v) {
-    std::string s = std::to_string(v);
-    return std::string(s.size() < 5 ? 5 - s.size() : 0, '0') + s;
-  };
-  return "model-" + pad(i) + "-of-" + pad(n) + ".safetensors";
-}
-
 }  // namespace detail
 
 // Converts the checkpoint at `input` to safetensors in `output_dir` (created if needed).
@@ -425,19 +417,9 @@ inline ConvertResult convert_checkpoint(const std::filesystem::path& input, cons
   r.tensors = tensors.size();
 
   // Partition into shards, in name order.
-  std::vector<size_t> starts{0};
-  if (opts.max_shard_bytes > 0) {
-    uint64_t cur = 0;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      uint64_t b = uint64_t(tensors[i]->numel()) * dtype_size(types[i]);
-      if (cur > 0 && cur + b > opts.max_shard_bytes) {
-        starts.push_back(i);
-        cur = 0;
-      }
-      cur += b;
-    }
-  }
-  starts.push_back(tensors.size());
+  std::vector<uint64_t> sizes;
+  for (size_t i = 0; i < tensors.size(); ++i) sizes.push_back(uint64_t(tensors[i]->numel()) * dtype_size(types[i]));
+  const std::vector<size_t> starts = shard_starts(sizes, opts.max_shard_bytes);
   const size_t nshards = starts.size() - 1;
   const fs::path single = output_dir / "model.safetensors";
   const fs::path index = output_dir / "model.safetensors.index.json";
@@ -448,7 +430,7 @@ inline ConvertResult convert_checkpoint(const std::filesystem::path& input, cons
   } else {
     nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
     for (size_t s = 0; s < nshards; ++s) {
-      std::string name = detail::shard_name(s + 1, nshards);
+      std::string name = shard_file_name(s + 1, nshards);
       std::vector<const TensorView*> part(tensors.begin() + std::ptrdiff_t(starts[s]),
                                           tensors.begin() + std::ptrdiff_t(starts[s + 1]));
       std::vector<dtype> part_types(types.begin() + std::ptrdiff_t(starts[s]),
@@ -457,11 +439,7 @@ inline ConvertResult convert_checkpoint(const std::filesystem::path& input, cons
       r.written.push_back(output_dir / name);
       for (const TensorView* t : part) weight_map[t->name] = name;
     }
-    nlohmann::ordered_json j = {{"metadata", {{"total_size", r.bytes}}}, {"weight_map", weight_map}};
-    std::ofstream out(index, std::ios::binary | std::ios::trunc);
-    out << j.dump(2) << '\n';
-    out.flush();
-    if (!out) throw io_error(index.string() + ": write failed");
+    write_shard_index(index, weight_map, r.bytes);
     r.written.push_back(index);
     if (fs::exists(single, ec)) fs::remove(single, ec);
   }

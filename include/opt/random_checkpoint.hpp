@@ -1,5 +1,5 @@
-// Random-weight OPT checkpoints (config.json + model.safetensors) of any shape, for benchmarks and tests that
-// must run without a download. The weights are deterministic for a given seed; every tensor is random (biases
+// Random-weight OPT checkpoints (config.json + safetensors, sharded like the hub's) of any shape, for benchmarks
+// and tests that must run without a download. The weights are deterministic for a given seed; every tensor is random (biases
 // and LayerNorm parameters too), with magnitudes like a trained OPT (weights ~ U(-a, a), std 0.02-ish).
 #pragma once
 #include <cstdint>
@@ -16,21 +16,35 @@
 
 OPT_NAMESPACE_BEGIN
 
-// The shapes of the facebook/opt-* models (config.json values; weights not included).
+// The published facebook/opt-* models, by name, as their config.json files have them (weights not included).
+// Every one has vocab_size 50272, max_position_embeddings 2048, ReLU, biases, affine LayerNorms.
+struct OptShape {
+  const char* name;
+  int64_t hidden, layers, heads, ffn, word_embed_proj_dim;
+  bool pre_ln;  // do_layer_norm_before (opt-350m is the one post-LN model)
+};
+inline constexpr OptShape kOptShapes[] = {
+    {"opt-125m", 768, 12, 12, 3072, 768, true},       {"opt-350m", 1024, 24, 16, 4096, 512, false},
+    {"opt-1.3b", 2048, 24, 32, 8192, 2048, true},     {"opt-2.7b", 2560, 32, 32, 10240, 2560, true},
+    {"opt-6.7b", 4096, 32, 32, 16384, 4096, true},    {"opt-13b", 5120, 40, 40, 20480, 5120, true},
+    {"opt-30b", 7168, 48, 56, 28672, 7168, true},     {"opt-66b", 9216, 64, 72, 36864, 9216, true},
+};
+
+// "opt-1.3b" or "1.3b" (also "facebook/opt-1.3b").
 inline Config opt_shape(const std::string& name) {
-  Config c;  // defaults are opt-125m's
-  if (name == "opt-125m" || name == "125m") return c;
-  if (name == "opt-350m" || name == "350m") {
-    c.hidden_size = 1024, c.num_hidden_layers = 24, c.ffn_dim = 4096, c.num_attention_heads = 16;
-    c.word_embed_proj_dim = 512, c.do_layer_norm_before = false;
-    return c;
-  }
-  if (name == "opt-1.3b" || name == "1.3b") {
-    c.hidden_size = 2048, c.num_hidden_layers = 24, c.ffn_dim = 8192, c.num_attention_heads = 32;
-    c.word_embed_proj_dim = 2048;
-    return c;
-  }
-  throw input_error("opt_shape: unknown model '" + name + "' (expected opt-125m, opt-350m or opt-1.3b)");
+  std::string n = name;
+  if (n.rfind("facebook/", 0) == 0) n = n.substr(9);
+  if (n.rfind("opt-", 0) != 0) n = "opt-" + n;
+  for (const OptShape& s : kOptShapes)
+    if (n == s.name) {
+      Config c;  // defaults are opt-125m's
+      c.hidden_size = s.hidden, c.num_hidden_layers = s.layers, c.num_attention_heads = s.heads;
+      c.ffn_dim = s.ffn, c.word_embed_proj_dim = s.word_embed_proj_dim, c.do_layer_norm_before = s.pre_ln;
+      return c;
+    }
+  std::string known;
+  for (const OptShape& s : kOptShapes) known += std::string(known.empty() ? "" : ", ") + s.name;
+  throw input_error("opt_shape: unknown model '" + name + "' (expected one of " + known + ")");
 }
 
 inline nlohmann::ordered_json config_json(const Config& c) {
@@ -70,26 +84,21 @@ struct SplitMix {
 };
 }  // namespace detail
 
-// Writes dir/config.json and dir/model.safetensors (names "model.decoder.*", lm_head tied) with weights of
-// type F32, F16 or BF16. Streams one tensor at a time: memory use is one tensor, not the model.
-inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, dtype type, uint64_t seed) {
-  if (type != dtype::F32 && type != dtype::F16 && type != dtype::BF16)
-    throw input_error("write_random_checkpoint: dtype must be F32, F16 or BF16");
-  c.torch_dtype = type == dtype::F32 ? "float32" : type == dtype::F16 ? "float16" : "bfloat16";
-  c.validate("write_random_checkpoint");
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream f(dir / "config.json");
-    if (!f) throw io_error((dir / "config.json").string() + ": cannot open for writing");
-    f << config_json(c).dump(2) << '\n';
+// The tensors of a checkpoint of shape c, in the order the hub's files list them (names "model.decoder.*",
+// lm_head tied): name, shape, and kind (0 = weight, 1 = bias, 2 = LayerNorm weight).
+struct RandomTensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  int kind;
+  size_t elements() const noexcept {
+    size_t n = 1;
+    for (int64_t d : shape) n *= size_t(d);
+    return n;
   }
-  // the tensor list: name, shape, kind (0 = weight, 1 = bias, 2 = LayerNorm weight)
-  struct Spec {
-    std::string name;
-    std::vector<int64_t> shape;
-    int kind;
-  };
-  std::vector<Spec> specs;
+};
+
+inline std::vector<RandomTensorSpec> random_checkpoint_tensors(const Config& c) {
+  std::vector<RandomTensorSpec> specs;
   const int64_t H = c.hidden_size, E = c.word_embed_proj_dim, F = c.ffn_dim;
   const std::string p = "model.decoder.";
   specs.push_back({p + "embed_tokens.weight", {c.vocab_size, E}, 0});
@@ -116,35 +125,92 @@ inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, 
     lin(q + "fc2", H, F);
     ln(q + "final_layer_norm");
   }
-  std::vector<TensorData> td;
-  for (const Spec& s : specs) td.push_back({s.name, type, s.shape, nullptr});
-  const std::string header = safetensors_header(td, {{"format", "pt"}});
-  const auto path = dir / "model.safetensors";
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw io_error(path.string() + ": cannot open for writing");
-  out.write(header.data(), std::streamsize(header.size()));
+  return specs;
+}
+
+// How a random checkpoint is written.
+struct RandomCheckpointOptions {
+  dtype type = dtype::F32;  // F32, F16 or BF16
+  uint64_t seed = 1;
+  // Shards of at most this many bytes of tensor data (a tensor larger than that gets a shard of its own), named
+  // model-00001-of-0000N.safetensors and listed by model.safetensors.index.json, as the hub does; a checkpoint
+  // that fits in one is a single model.safetensors. 0: always one file. Default 5 GB, transformers' default.
+  uint64_t max_shard_bytes = 5000000000ull;
+};
+
+// Writes dir/config.json and the safetensors file(s). Streams one tensor at a time: memory use is one tensor (the
+// largest is the embedding table), not the model. Tensor i's values depend only on the seed and i, so the
+// sharding never changes the weights.
+inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, const RandomCheckpointOptions& o) {
+  const dtype type = o.type;
+  if (type != dtype::F32 && type != dtype::F16 && type != dtype::BF16)
+    throw input_error("write_random_checkpoint: dtype must be F32, F16 or BF16");
+  c.torch_dtype = type == dtype::F32 ? "float32" : type == dtype::F16 ? "float16" : "bfloat16";
+  c.validate("write_random_checkpoint");
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir / "config.json");
+    if (!f) throw io_error((dir / "config.json").string() + ": cannot open for writing");
+    f << config_json(c).dump(2) << '\n';
+    if (!f) throw io_error((dir / "config.json").string() + ": write failed");
+  }
+  const std::vector<RandomTensorSpec> specs = random_checkpoint_tensors(c);
+  const size_t es = dtype_size(type);
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (const RandomTensorSpec& s : specs) total += sizes.emplace_back(uint64_t(s.elements()) * es);
+  const std::vector<size_t> starts = shard_starts(sizes, o.max_shard_bytes);
+  const size_t n_shards = starts.size() - 1;
+  auto shard_name = [&](size_t k) {
+    return n_shards == 1 ? std::string("model.safetensors") : shard_file_name(k + 1, n_shards);
+  };
+  // what an earlier write of the other form left would be read instead of (or beside) this one
+  std::error_code ec;
+  std::filesystem::remove(dir / "model.safetensors.index.json", ec);
+  if (n_shards > 1) std::filesystem::remove(dir / "model.safetensors", ec);
   std::vector<float> f32;
   std::vector<uint16_t> h16;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const Spec& s = specs[i];
-    size_t n = 1;
-    for (int64_t d : s.shape) n *= size_t(d);
-    detail::SplitMix rng{seed * 0x100000001b3ull + i};
-    f32.resize(n);
-    // U(-a, a): std a/sqrt(3); 0.035 gives std 0.02 like OPT's init
-    const float a = s.kind == 0 ? 0.035f : 0.02f;
-    for (size_t k = 0; k < n; ++k) f32[k] = (s.kind == 2 ? 1.0f : 0.0f) + a * rng.uniform();
-    if (type == dtype::F32) {
-      out.write(reinterpret_cast<const char*>(f32.data()), std::streamsize(n * 4));
-    } else {
-      h16.resize(n);
-      for (size_t k = 0; k < n; ++k)
-        h16[k] = type == dtype::F16 ? detail::f32_to_f16(f32[k]) : detail::f32_to_bf16(f32[k]);
-      out.write(reinterpret_cast<const char*>(h16.data()), std::streamsize(n * 2));
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t k = 0; k < n_shards; ++k) {
+    std::vector<TensorData> td;
+    for (size_t i = starts[k]; i < starts[k + 1]; ++i) {
+      td.push_back({specs[i].name, type, specs[i].shape, nullptr});
+      weight_map[specs[i].name] = shard_name(k);
     }
+    const std::string header = safetensors_header(td, {{"format", "pt"}});
+    const auto path = dir / shard_name(k);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) throw io_error(path.string() + ": cannot open for writing");
+    out.write(header.data(), std::streamsize(header.size()));
+    for (size_t i = starts[k]; i < starts[k + 1]; ++i) {
+      const RandomTensorSpec& s = specs[i];
+      const size_t n = s.elements();
+      detail::SplitMix rng{o.seed * 0x100000001b3ull + i};
+      f32.resize(n);
+      // U(-a, a): std a/sqrt(3); 0.035 gives std 0.02 like OPT's init
+      const float a = s.kind == 0 ? 0.035f : 0.02f;
+      for (size_t e = 0; e < n; ++e) f32[e] = (s.kind == 2 ? 1.0f : 0.0f) + a * rng.uniform();
+      if (type == dtype::F32) {
+        out.write(reinterpret_cast<const char*>(f32.data()), std::streamsize(n * 4));
+      } else {
+        h16.resize(n);
+        for (size_t e = 0; e < n; ++e)
+          h16[e] = type == dtype::F16 ? detail::f32_to_f16(f32[e]) : detail::f32_to_bf16(f32[e]);
+        out.write(reinterpret_cast<const char*>(h16.data()), std::streamsize(n * 2));
+      }
+    }
+    out.flush();
+    if (!out) throw io_error(path.string() + ": write failed");
   }
-  out.flush();
-  if (!out) throw io_error(path.string() + ": write failed");
+  if (n_shards > 1) write_shard_index(dir / "model.safetensors.index.json", weight_map, total);
+}
+
+// The single-file form of the above (the default 5 GB shards), kept for existing callers.
+inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, dtype type, uint64_t seed) {
+  RandomCheckpointOptions o;
+  o.type = type;
+  o.seed = seed;
+  write_random_checkpoint(dir, std::move(c), o);
 }
 
 OPT_NAMESPACE_END

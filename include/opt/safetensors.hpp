@@ -384,6 +384,44 @@ inline std::string safetensors_bytes(const std::vector<TensorData>& tensors,
   return out;
 }
 
+// ---- shards, as transformers writes them ------------------------------------------------------------------------
+// Where each shard starts, for tensors of the given sizes in order: a new shard begins when the next tensor would
+// take the current one past max_bytes (a tensor larger than that gets a shard of its own; 0: one shard). The last
+// entry is the tensor count, so shard s holds [starts[s], starts[s + 1]).
+inline std::vector<size_t> shard_starts(const std::vector<uint64_t>& bytes, uint64_t max_bytes) {
+  std::vector<size_t> starts{0};
+  uint64_t cur = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (max_bytes > 0 && cur > 0 && cur + bytes[i] > max_bytes) {
+      starts.push_back(i);
+      cur = 0;
+    }
+    cur += bytes[i];
+  }
+  starts.push_back(bytes.size());
+  return starts;
+}
+
+// "model-00001-of-00003.safetensors" for shard i (from 1) of n.
+inline std::string shard_file_name(size_t i, size_t n) {
+  auto pad = [](size_t v) {
+    std::string s = std::to_string(v);
+    return std::string(s.size() < 5 ? 5 - s.size() : 0, '0') + s;
+  };
+  return "model-" + pad(i) + "-of-" + pad(n) + ".safetensors";
+}
+
+// Writes a model.safetensors.index.json: {"metadata": {"total_size": ...}, "weight_map": {tensor: shard file}}.
+inline void write_shard_index(const std::filesystem::path& path, const nlohmann::ordered_json& weight_map,
+                              uint64_t total_size) {
+  const nlohmann::ordered_json j = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw io_error(path.string() + ": cannot open for writing");
+  out << j.dump(2) << '\n';
+  out.flush();
+  if (!out) throw io_error(path.string() + ": write failed");
+}
+
 // Streams the file to disk without building it in memory.
 inline void save_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors,
                              const std::map<std::string, std::string>& metadata = {}) {
