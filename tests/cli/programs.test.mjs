@@ -2,18 +2,23 @@
 // with the Hugging Face goldens in ../shared: opt-generate --jsonl (ids / new_ids / text / logits, either padding
 // side), opt-tokenize --jsonl (encode, --no-bos, --decode, --keep-special, --no-cleanup), opt-convert (and
 // --dtype), and the exit-code contract (0 on success; otherwise exactly one line on stderr and a non-zero code).
-// Run by ctest (tests/CMakeLists.txt) with OPT_GENERATE, OPT_TOKENIZE, OPT_CONVERT = the programs.
+// Run by ctest (tests/CMakeLists.txt) with OPT_GENERATE, OPT_TOKENIZE, OPT_CONVERT, OPT_MAKE_RANDOM = the programs.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync, copyFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync, copyFileSync } from "node:fs";
 import path from "node:path";
 
 const SHARED = process.env.OPT_SHARED_DIR ?? path.resolve(import.meta.dirname, "../../../shared");
 const FIX = path.join(SHARED, "fixtures");
 const TOKDIR = path.join(SHARED, "tokenizer");
 const OUT = process.env.OPT_TEST_OUT ?? "/tmp";
-const PROG = { generate: process.env.OPT_GENERATE, tokenize: process.env.OPT_TOKENIZE, convert: process.env.OPT_CONVERT };
+const PROG = {
+  generate: process.env.OPT_GENERATE,
+  tokenize: process.env.OPT_TOKENIZE,
+  convert: process.env.OPT_CONVERT,
+  make_random: process.env.OPT_MAKE_RANDOM,
+};
 for (const [k, p] of Object.entries(PROG)) assert.ok(p && existsSync(p), `OPT_${k.toUpperCase()}=${p} is not the program`);
 
 const goldens = (model) => JSON.parse(readFileSync(path.join(FIX, model, "goldens.json"), "utf8"));
@@ -192,6 +197,29 @@ test("opt-convert: pytorch_model.bin -> safetensors (as stored, --dtype f32/bf16
   }
 });
 
+test("opt-make-random: the published shapes; shards of at most --max-shard-size with an index, that load", () => {
+  const list = run("make_random", ["--list"]).stdout.trim().split("\n").map((l) => l.split(" "));
+  assert.deepEqual(list.map((l) => l[0]),
+                   ["opt-125m", "opt-350m", "opt-1.3b", "opt-2.7b", "opt-6.7b", "opt-13b", "opt-30b", "opt-66b"]);
+  assert.deepEqual(list[1], ["opt-350m", "1024", "24", "16", "4096", "512", "post_ln"]);
+  const tmp = mkdtempSync(path.join(OUT, "opt-random-"));
+  try {
+    const dir = path.join(tmp, "m");
+    run("make_random", [dir, "--model", "125m", "--dtype", "bf16", "--max-shard-size", "100MB"]);
+    const index = JSON.parse(readFileSync(path.join(dir, "model.safetensors.index.json"), "utf8"));
+    const shards = [...new Set(Object.values(index.weight_map))].sort();
+    assert.equal(shards.length, 3);
+    assert.deepEqual(shards, [1, 2, 3].map((i) => `model-0000${i}-of-00003.safetensors`));
+    assert.equal(index.metadata.total_size, 125239296 * 2);  // opt-125m's parameter count, 2 bytes each
+    for (const s of shards) assert.ok(statSync(path.join(dir, s)).size <= 100e6 + 64 * 1024, `${s} within 100MB`);
+    assert.equal(JSON.parse(readFileSync(path.join(dir, "config.json"), "utf8")).torch_dtype, "bfloat16");
+    const out = lines(run("generate", ["-m", dir, "-n", "2", "--jsonl", "-"], jsonl([{ ids: [2, 100, 200] }])).stdout);
+    assert.equal(out[0].new_ids.length, 2);
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
 test("exit codes: 0 on success (above); on any error exactly one line on stderr and a non-zero code", () => {
   const m = path.join(FIX, "opt-tiny-realvocab");
   const tmp = mkdtempSync(path.join(OUT, "opt-cli-"));
@@ -219,6 +247,12 @@ test("exit codes: 0 on success (above); on any error exactly one line on stderr 
       ["convert", [path.join(tmp, "config.json"), path.join(tmp, "o2")], "", "not a checkpoint"],
       ["convert", [path.join(FIX, "opt-tiny-preln-hubstyle"), path.join(tmp, "o3"), "--dtype", "f8"], "", "bad --dtype"],
       ["convert", [], "", "no arguments"],
+      ["convert", [path.join(FIX, "opt-tiny-preln-hubstyle"), path.join(tmp, "o4"), "--max-shard-size", "5XB"], "",
+       "bad --max-shard-size"],
+      ["make_random", [path.join(tmp, "r1"), "--model", "opt-7b"], "", "unknown --model"],
+      ["make_random", [path.join(tmp, "r2"), "--dtype", "int3"], "", "bad --dtype"],
+      ["make_random", [path.join(tmp, "r3"), "--max-shard-size", "lots"], "", "bad --max-shard-size"],
+      ["make_random", [], "", "no folder"],
     ];
     for (const [prog, args, input, what] of cases) assertFails(prog, args, input, `${prog}: ${what}`);
   } finally {
