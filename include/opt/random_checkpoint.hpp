@@ -1,6 +1,7 @@
 // Random-weight OPT checkpoints (config.json + safetensors, sharded like the hub's) of any shape, for benchmarks
-// and tests that must run without a download. The weights are deterministic for a given seed; every tensor is random (biases
-// and LayerNorm parameters too), with magnitudes like a trained OPT (weights ~ U(-a, a), std 0.02-ish).
+// and tests that must run without a download. The weights are deterministic for a given seed; every tensor is
+// random (biases and LayerNorm parameters too), with magnitudes like a trained OPT (weights ~ U(-a, a), std
+// 0.02-ish).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -205,7 +206,7 @@ inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, 
   if (n_shards > 1) write_shard_index(dir / "model.safetensors.index.json", weight_map, total);
 }
 
-// The single-file form of the above (the default 5 GB shards), kept for existing callers.
+// The same with the default options but type and seed (5 GB shards), kept for existing callers.
 inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, dtype type, uint64_t seed) {
   RandomCheckpointOptions o;
   o.type = type;
