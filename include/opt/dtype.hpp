@@ -9,7 +9,8 @@
 
 OPT_NAMESPACE_BEGIN
 
-enum class dtype { F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3, F8_E5M2 };
+// I4 is not a safetensors type (files store it as U8 bytes): only packed matrices use it, two weights a byte.
+enum class dtype { F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3, F8_E5M2, I4 };
 
 inline const char* to_string(dtype t) noexcept {
   switch (t) {
@@ -28,6 +29,7 @@ inline const char* to_string(dtype t) noexcept {
     case dtype::BOOL: return "BOOL";
     case dtype::F8_E4M3: return "F8_E4M3";
     case dtype::F8_E5M2: return "F8_E5M2";
+    case dtype::I4: return "I4";
   }
   return "?";
 }
@@ -37,7 +39,7 @@ inline size_t dtype_size(dtype t) noexcept {
     case dtype::F64: case dtype::I64: case dtype::U64: return 8;
     case dtype::F32: case dtype::I32: case dtype::U32: return 4;
     case dtype::F16: case dtype::BF16: case dtype::I16: case dtype::U16: return 2;
-    default: return 1;
+    default: return 1;  // I4: packed matrices count half a byte a weight (ops::panel_column_bytes)
   }
 }
 

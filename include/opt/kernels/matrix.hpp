@@ -63,28 +63,36 @@ using aligned_vector = std::vector<T, AlignedAllocator<T>>;
 constexpr int64_t kPanel = 16;
 // int8 weights: one f32 scale per row and block of kQ8Block columns.
 constexpr int64_t kQ8Block = 128;
+// Bytes of one panel column (kPanel weights of consecutive rows). I4 packs two a byte: byte j holds row j in its
+// low nibble and row j + kPanel / 2 in its high nibble, each the weight's q + 8 (q in [-8, 7]).
+constexpr size_t panel_column_bytes(dtype t) noexcept {
+  return t == dtype::I4 ? size_t(kPanel) / 2 : size_t(kPanel) * dtype_size(t);
+}
+// Types whose weights are integers with one f32 scale per (row, block of columns).
+constexpr bool has_scales(dtype t) noexcept { return t == dtype::I8 || t == dtype::I4; }
 
 }  // namespace ops
 
-// [rows, cols] in panels: element (r, c) at panel r / kPanel, offset c * kPanel + r % kPanel; the last panel is
-// padded with zero rows. I8: scale (r, block b) at panel r / kPanel, offset b * kPanel + r % kPanel.
+// [rows, cols] in panels: element (r, c) at panel r / kPanel, column c (ops::panel_column_bytes(type) bytes a
+// column), row r % kPanel within it; the last panel is padded with zero rows. I8 / I4: scale (r, block b) at panel
+// r / kPanel, offset b * kPanel + r % kPanel.
 struct PackedMatrix {
-  dtype type = dtype::F32;  // F32, F16, BF16 or I8
+  dtype type = dtype::F32;  // F32, F16, BF16, I8 or I4
   const void* data = nullptr;
-  const float* scale = nullptr;  // I8 only
+  const float* scale = nullptr;  // I8 / I4 only
   int64_t rows = 0, cols = 0, block = 0;
 
   int64_t panels() const noexcept { return (rows + ops::kPanel - 1) / ops::kPanel; }
   int64_t blocks() const noexcept { return block ? (cols + block - 1) / block : 0; }
   const std::byte* panel(int64_t p) const noexcept {
-    return static_cast<const std::byte*>(data) + size_t(p) * size_t(cols) * size_t(ops::kPanel) * dtype_size(type);
+    return static_cast<const std::byte*>(data) + size_t(p) * size_t(cols) * ops::panel_column_bytes(type);
   }
   const float* panel_scales(int64_t p) const noexcept { return scale + size_t(p) * size_t(blocks()) * size_t(ops::kPanel); }
+  // Sizes of the two arrays: value bytes (padding included) and f32 scales (0 for float types).
+  size_t value_bytes() const noexcept { return size_t(panels()) * size_t(cols) * ops::panel_column_bytes(type); }
+  size_t scale_count() const noexcept { return size_t(panels()) * size_t(blocks()) * size_t(ops::kPanel); }
   // Bytes one pass over the matrix reads (values, padding and scales).
-  size_t bytes() const noexcept {
-    if (!data) return 0;
-    return size_t(panels()) * size_t(ops::kPanel) * (size_t(cols) * dtype_size(type) + size_t(blocks()) * 4);
-  }
+  size_t bytes() const noexcept { return data ? value_bytes() + scale_count() * 4 : 0; }
   explicit operator bool() const noexcept { return data != nullptr; }
 };
 
