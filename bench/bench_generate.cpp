@@ -1,6 +1,6 @@
-// End-to-end speed of the opt-125m shape (random weights, written once under $OPT_BENCH_DIR or
-// <build>/bench-models), each figure set against its hardware floor measured in the same run:
-//   BM_ReadBandwidth   sustained read bandwidth over a buffer as large as the f32 weights (1 and 2 threads)
+// End-to-end speed of one OPT shape (random weights, written once under $OPT_BENCH_DIR or <build>/bench-models),
+// each figure set against its hardware floor measured in the same run:
+//   BM_ReadBandwidth   sustained read bandwidth over a 512 MiB buffer (1 and 2 threads)
 //   BM_PeakFlops       FMA peak: independent chains of the widest FMA this CPU has, per thread (1 and 2 threads)
 //   BM_Decode          batch 1, 7-token prompt, 50 new tokens: ms/token, and x_floor = ms / (bytes per token / BW)
 //   BM_Seed4           4 prompts of 3-7 tokens, 50 new tokens: ms/step, total ms, step / batch-1 step
@@ -8,9 +8,16 @@
 //   BM_LoadTTFT        Model::load + Workspace + first forward of a 7-token prompt (warm page cache), and the
 //                      prompt pass alone on the loaded model (prompt7_warm_ms)
 //   BM_PeakRSS         peak RSS of a child process that loads and decodes 50 tokens, against
-//                      weight file + KV cache + 64 MiB
-// Every figure is the median of OPT_BENCH_REPS (default 5) repetitions. Floors use 2-thread bandwidth/peak (the
-// machine's); x_floor_same_threads uses the figure measured with the benchmark's own thread count.
+//                      weight files + KV cache + 64 MiB
+//   BM_Int8Error       (opt-125m only) int8 against f32 logits and greedy tokens
+// What runs: --model=NAME or OPT_BENCH_MODEL (an OPT shape: opt-125m, the default, ... opt-66b; see
+// opt-make-random --list) and --formats=a,b or OPT_BENCH_FORMATS (weight formats, default f32,bf16,f16,int8):
+//   f32 f16 bf16   a checkpoint stored in that type (sharded like the hub's when large), packed at load
+//   int8           quantized at load: from the f32 checkpoint at opt-125m, from the bf16 one for larger shapes
+// One format's model is in memory at a time (formats run one after another), so large shapes fit.
+// --new=N or OPT_BENCH_NEW: new tokens per decode run (default 50). Every figure is the median of OPT_BENCH_REPS
+// (default 5) repetitions. Floors use 2-thread bandwidth/peak (the machine's); x_floor_same_threads uses the figure
+// measured with the benchmark's own thread count.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -51,15 +58,35 @@ std::string bench_dir() {
   return e ? e : OPT_BENCH_DEFAULT_DIR;
 }
 
-// The checkpoint for a weight type ("f32", "bf16", "f16"; "int8" quantizes the f32 one at load): written once.
+std::string g_model = "opt-125m";  // --model / OPT_BENCH_MODEL
+int g_new = 50;                     // --new / OPT_BENCH_NEW
+
+// The stored checkpoint a weight format runs from.
+std::string stored_type(const std::string& type) {
+  if (type == "int8") return g_model == "opt-125m" ? "f32" : "bf16";
+  return type;
+}
+
+// The checkpoint for a weight format: written once (shard by shard, never the whole model in memory).
 std::filesystem::path checkpoint(const std::string& type) {
-  const std::string stored = type == "int8" ? "f32" : type;
-  const auto dir = std::filesystem::path(bench_dir()) / ("opt-125m-" + stored);
-  if (!std::filesystem::exists(dir / "model.safetensors")) {
-    opt::dtype t = stored == "f32" ? opt::dtype::F32 : stored == "f16" ? opt::dtype::F16 : opt::dtype::BF16;
-    opt::write_random_checkpoint(dir, opt::opt_shape("opt-125m"), t, 1);
+  const std::string stored = stored_type(type);
+  const auto dir = std::filesystem::path(bench_dir()) / (g_model + "-" + stored);
+  if (!std::filesystem::exists(dir / "config.json")) {
+    opt::RandomCheckpointOptions o;
+    o.type = stored == "f32" ? opt::dtype::F32 : stored == "f16" ? opt::dtype::F16 : opt::dtype::BF16;
+    o.seed = 1;
+    std::fprintf(stderr, "bench_generate: writing %s\n", dir.c_str());
+    opt::write_random_checkpoint(dir, opt::opt_shape(g_model), o);
   }
   return dir;
+}
+
+// Bytes of a checkpoint folder's weight files.
+double checkpoint_bytes(const std::filesystem::path& dir) {
+  double n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") n += double(e.file_size());
+  return n;
 }
 
 opt::LoadOptions load_options(const std::string& type) {
@@ -71,8 +98,12 @@ opt::LoadOptions load_options(const std::string& type) {
   return o;
 }
 
-const opt::Model& model(const std::string& type) {
+// The model of a format, loaded once and reused by every benchmark of that format. Asking for another format
+// drops the others first (except keep_also, for comparisons), so one large model is in memory at a time.
+const opt::Model& model(const std::string& type, const std::string& keep_also = "") {
   static std::map<std::string, std::unique_ptr<opt::Model>> cache;
+  for (auto it = cache.begin(); it != cache.end();)
+    it = it->first == type || it->first == keep_also ? std::next(it) : cache.erase(it);
   auto& m = cache[type];
   if (!m) m = std::make_unique<opt::Model>(opt::Model::load(checkpoint(type), load_options(type)));
   return *m;
@@ -87,11 +118,14 @@ double read_pass(opt::ThreadPool& pool, const float* buf, size_t n) {
   return s;
 }
 
-// GB/s (1e9 bytes) reading a buffer as large as the f32 opt-125m weights.
+// A buffer far larger than any cache (the f32 opt-125m weights were 495 MB).
+constexpr size_t kBandwidthBytes = size_t(512) << 20;
+
+// GB/s (1e9 bytes) reading kBandwidthBytes.
 double bandwidth(size_t threads) {
   static std::map<size_t, double> memo;
   if (memo.count(threads)) return memo[threads];
-  const size_t bytes = model("f32").decode_weight_bytes();
+  const size_t bytes = kBandwidthBytes;
   std::vector<float> buf(bytes / 4, 1.0f);
   opt::ThreadPool pool(threads);
   std::vector<double> gbps;
@@ -132,7 +166,7 @@ void BM_ReadBandwidth(benchmark::State& state) {
   const size_t threads = size_t(state.range(0));
   for (auto _ : state) state.SetIterationTime(1e-3);
   state.counters["GBps"] = bandwidth(threads);
-  state.counters["buffer_MB"] = double(model("f32").decode_weight_bytes()) / 1e6;
+  state.counters["buffer_MB"] = double(kBandwidthBytes) / 1e6;
 }
 BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
@@ -148,7 +182,6 @@ BENCHMARK(BM_PeakFlops)->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(be
 const std::vector<int32_t> kPrompt = {2, 31414, 6, 127, 766, 16, 3437};  // 7 tokens
 const std::vector<std::vector<int32_t>> kSeedPrompts = {
     {2, 31414, 6, 127, 766, 16, 3437}, {2, 133, 2119, 6219}, {2, 100, 200, 300, 400, 500}, {2, 42}};
-constexpr int kNew = 50;
 
 // KV bytes the decode steps read on average: 2 (k, v) x layers x hidden x 4 bytes x mean cache length.
 double kv_bytes_per_step(const opt::Config& c, double mean_len) {
@@ -169,7 +202,7 @@ void BM_Decode(benchmark::State& state, std::string type) {
   const size_t threads = size_t(state.range(0));
   const opt::Model& m = model(type);
   opt::Workspace ws(threads);
-  opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + kNew);
+  opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + g_new);
   std::vector<double> per_token;
   for (auto _ : state) {
     for (int r = 0; r < reps(); ++r) {
@@ -178,17 +211,17 @@ void BM_Decode(benchmark::State& state, std::string type) {
       int32_t id = opt::argmax(lv.row(0), lv.cols);
       std::vector<opt::SequenceChunk> step = {{&kv, &id, 1}};
       auto t0 = clk::now();
-      for (int s = 1; s < kNew; ++s) {
+      for (int s = 1; s < g_new; ++s) {
         lv = m.forward(step, ws);
         id = opt::argmax(lv.row(0), lv.cols);
       }
-      per_token.push_back(ms_since(t0) / (kNew - 1));
+      per_token.push_back(ms_since(t0) / (g_new - 1));
     }
     state.SetIterationTime(median(per_token) * 1e-3);
   }
   const double ms = median(per_token);
   g_batch1_step[type + "/" + std::to_string(threads)] = ms;
-  const double bytes = double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), kPrompt.size() + kNew / 2.0);
+  const double bytes = double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), kPrompt.size() + g_new / 2.0);
   state.counters["ms_per_token"] = ms;
   state.counters["MB_per_token"] = bytes / 1e6;
   set_floor(state, ms, bytes, threads);
@@ -200,7 +233,7 @@ void BM_Seed4(benchmark::State& state, std::string type) {
   const opt::Model& m = model(type);
   opt::Workspace ws(threads);
   std::vector<opt::KvCache> kv;
-  for (auto& p : kSeedPrompts) kv.emplace_back(m.config(), int64_t(p.size()) + kNew);
+  for (auto& p : kSeedPrompts) kv.emplace_back(m.config(), int64_t(p.size()) + g_new);
   std::vector<double> step_ms, total_ms;
   std::vector<int32_t> next(kSeedPrompts.size());
   std::vector<opt::SequenceChunk> prefill, step;
@@ -215,11 +248,11 @@ void BM_Seed4(benchmark::State& state, std::string type) {
       opt::LogitsView lv = m.forward(prefill, ws);
       for (size_t b = 0; b < next.size(); ++b) next[b] = opt::argmax(lv.row(int64_t(b)), lv.cols);
       auto t1 = clk::now();
-      for (int s = 1; s < kNew; ++s) {
+      for (int s = 1; s < g_new; ++s) {
         lv = m.forward(step, ws);
         for (size_t b = 0; b < next.size(); ++b) next[b] = opt::argmax(lv.row(int64_t(b)), lv.cols);
       }
-      step_ms.push_back(ms_since(t1) / (kNew - 1));
+      step_ms.push_back(ms_since(t1) / (g_new - 1));
       total_ms.push_back(ms_since(t0));
     }
     state.SetIterationTime(median(total_ms) * 1e-3);
@@ -230,7 +263,7 @@ void BM_Seed4(benchmark::State& state, std::string type) {
   auto it = g_batch1_step.find(type + "/" + std::to_string(threads));
   if (it != g_batch1_step.end()) state.counters["x_batch1_step"] = ms / it->second;
   double mean_len = 0;
-  for (auto& p : kSeedPrompts) mean_len += double(p.size()) + kNew / 2.0;
+  for (auto& p : kSeedPrompts) mean_len += double(p.size()) + g_new / 2.0;
   set_floor(state, ms, double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), mean_len), threads);
 }
 
@@ -285,7 +318,7 @@ void BM_LoadTTFT(benchmark::State& state, std::string type) {
       opt::Model m = opt::Model::load(dir, load_options(type));
       load_ms.push_back(ms_since(t0));
       opt::Workspace ws(threads);
-      opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + kNew);
+      opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + g_new);
       opt::LogitsView lv = m.forward({{&kv, kPrompt.data(), int64_t(kPrompt.size())}}, ws);
       benchmark::DoNotOptimize(opt::argmax(lv.row(0), lv.cols));
       ttft_ms.push_back(ms_since(t0));
@@ -303,14 +336,14 @@ void BM_LoadTTFT(benchmark::State& state, std::string type) {
   state.counters["prompt7_warm_ms"] = median(prompt_ms);
 }
 
-// Child mode (argv: --rss-child dir type threads): load, decode 50 tokens, print peak RSS in KiB.
+// Child mode (argv: --rss-child type threads model new): load, decode, print peak RSS in KiB and the cache's bytes.
 int rss_child(const std::string& type, size_t threads) {
   const opt::Model m = opt::Model::load(checkpoint(type), load_options(type));
   opt::Workspace ws(threads);
-  opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + kNew);
+  opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + g_new);
   opt::LogitsView lv = m.forward({{&kv, kPrompt.data(), int64_t(kPrompt.size())}}, ws);
   int32_t id = opt::argmax(lv.row(0), lv.cols);
-  for (int s = 1; s < kNew; ++s) {
+  for (int s = 1; s < g_new; ++s) {
     lv = m.forward({{&kv, &id, 1}}, ws);
     id = opt::argmax(lv.row(0), lv.cols);
   }
@@ -328,7 +361,8 @@ void BM_PeakRSS(benchmark::State& state, std::string type) {
   size_t kv_bytes = 0;
   for (auto _ : state) {
     const std::string cmd =
-        "/proc/" + std::to_string(getpid()) + "/exe --rss-child " + type + " " + std::to_string(threads);
+        "/proc/" + std::to_string(getpid()) + "/exe --rss-child " + type + " " + std::to_string(threads) + " " +
+        g_model + " " + std::to_string(g_new);
     FILE* p = popen(cmd.c_str(), "r");
     if (!p || std::fscanf(p, "%ld %zu", &rss_kib, &kv_bytes) != 2) {
       if (p) pclose(p);
@@ -338,7 +372,7 @@ void BM_PeakRSS(benchmark::State& state, std::string type) {
     pclose(p);
     state.SetIterationTime(1e-3);
   }
-  const double file = double(std::filesystem::file_size(dir / "model.safetensors"));
+  const double file = checkpoint_bytes(dir);
   const double budget = file + double(kv_bytes) + 64.0 * 1048576.0;
   state.counters["peak_rss_MiB"] = double(rss_kib) / 1024.0;
   state.counters["budget_MiB"] = budget / 1048576.0;
@@ -349,7 +383,7 @@ void BM_PeakRSS(benchmark::State& state, std::string type) {
 // agreement over 50 new tokens (tokens equal before the first divergence / all tokens).
 void BM_Int8Error(benchmark::State& state, bool lm_head_int8) {
   label_isa(state);
-  const opt::Model& f = model("f32");
+  const opt::Model& f = model("f32", "int8");
   opt::LoadOptions lo;
   lo.quantize = opt::quantization::int8;
   lo.lm_head_int8 = lm_head_int8;
@@ -371,7 +405,7 @@ void BM_Int8Error(benchmark::State& state, bool lm_head_int8) {
       }
     }
     opt::GenerateOptions go;
-    go.max_new_tokens = kNew;
+    go.max_new_tokens = g_new;
     go.stop_at_eos = false;
     auto g1 = opt::generate_ids(f, kSeedPrompts, go, ws), g2 = opt::generate_ids(q, kSeedPrompts, go, ws);
     for (size_t b = 0; b < kSeedPrompts.size(); ++b) {
@@ -387,13 +421,28 @@ void BM_Int8Error(benchmark::State& state, bool lm_head_int8) {
   state.counters["greedy_agree"] = double(agree) / double(total);
 }
 
-void register_all() {
-  benchmark::RegisterBenchmark("BM_Int8Error/lm_head_f32", BM_Int8Error, false)
-      ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_Int8Error/lm_head_int8", BM_Int8Error, true)
-      ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
-  for (const char* t : {"f32", "bf16", "f16", "int8"}) {
-    const std::string type = t;
+// The comma-separated list in s.
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = std::min(s.find(',', b), s.size());
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+void register_all(const std::vector<std::string>& formats) {
+  const bool both = std::find(formats.begin(), formats.end(), "f32") != formats.end() &&
+                    std::find(formats.begin(), formats.end(), "int8") != formats.end();
+  if (g_model == "opt-125m" && both) {
+    benchmark::RegisterBenchmark("BM_Int8Error/lm_head_f32", BM_Int8Error, false)
+        ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_Int8Error/lm_head_int8", BM_Int8Error, true)
+        ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+  for (const std::string& type : formats) {
     benchmark::RegisterBenchmark(("BM_Decode/" + type).c_str(), BM_Decode, type)
         ->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("BM_Seed4/" + type).c_str(), BM_Seed4, type)
@@ -407,11 +456,48 @@ void register_all() {
   }
 }
 
+// Takes --model=, --formats= and --new= out of argv (the rest goes to Google Benchmark); the environment
+// variables give the defaults. Returns the formats, or throws on a bad value.
+std::vector<std::string> parse_options(int& argc, char** argv) {
+  std::string formats = "f32,bf16,f16,int8";
+  if (const char* e = std::getenv("OPT_BENCH_MODEL")) g_model = e;
+  if (const char* e = std::getenv("OPT_BENCH_FORMATS")) formats = e;
+  if (const char* e = std::getenv("OPT_BENCH_NEW")) g_new = std::atoi(e);
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--model=", 0) == 0) g_model = a.substr(8);
+    else if (a.rfind("--formats=", 0) == 0) formats = a.substr(10);
+    else if (a.rfind("--new=", 0) == 0) g_new = std::atoi(a.c_str() + 6);
+    else argv[out++] = argv[i];
+  }
+  argc = out;
+  (void)opt::opt_shape(g_model);  // throws for an unknown shape
+  if (g_model.rfind("facebook/", 0) == 0) g_model = g_model.substr(9);  // the folder name: opt-X
+  if (g_model.rfind("opt-", 0) != 0) g_model = "opt-" + g_model;
+  if (g_new < 2) throw std::invalid_argument("--new must be at least 2");
+  const auto list = split(formats);
+  for (const std::string& f : list)
+    if (f != "f32" && f != "f16" && f != "bf16" && f != "int8")
+      throw std::invalid_argument("unknown weight format '" + f + "' (expected f32, f16, bf16 or int8)");
+  if (list.empty()) throw std::invalid_argument("no weight formats given");
+  return list;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::string(argv[1]) == "--rss-child") return rss_child(argv[2], size_t(std::atoi(argv[3])));
-  register_all();
+  try {
+    if (argc == 6 && std::string(argv[1]) == "--rss-child") {
+      g_model = argv[4];
+      g_new = std::atoi(argv[5]);
+      return rss_child(argv[2], size_t(std::atoi(argv[3])));
+    }
+    register_all(parse_options(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_generate: %s\n", e.what());
+    return 1;
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   try {
