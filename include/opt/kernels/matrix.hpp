@@ -162,7 +162,10 @@ inline void columns(const MatrixRef& src, int64_t r0, int64_t rows, std::byte* d
 
 // Repacks a row-major matrix (any of its types) into panels, split over the pool's threads by panel. A copy:
 // F32 keeps 4 bytes a weight, F16/BF16 2, I8 1 (+ its scales); the source can be released afterwards.
-inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool = nullptr) {
+// The panels go in slices of about 16 MiB of source; done(r0, r1) is called after each slice with the source rows
+// it has finished with, so a caller can release them while the rest is packed (peak memory: the copy + a slice).
+template <class Done>
+inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool, Done&& done) {
   PackedWeights w;
   PackedMatrix& m = w.m;
   m.type = src.type, m.rows = src.rows, m.cols = src.cols, m.block = src.type == dtype::I8 ? src.block : 0;
@@ -188,9 +191,19 @@ inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool = nullptr) {
                 src.scale[size_t((p * kPanel + j) * nb + bl)];
     }
   };
-  if (pool) pool->parallel_for(size_t(np), 4, panels);
-  else panels(0, size_t(np));
+  const size_t panel_src_bytes = std::max<size_t>(1, size_t(kPanel) * size_t(K) * es);
+  const int64_t slice = std::max<int64_t>(1, int64_t((size_t(16) << 20) / panel_src_bytes));
+  for (int64_t s0 = 0; s0 < np; s0 += slice) {
+    const int64_t s1 = std::min(np, s0 + slice);
+    if (pool) pool->parallel_for(size_t(s1 - s0), 4, [&](size_t b, size_t e) { panels(size_t(s0) + b, size_t(s0) + e); });
+    else panels(size_t(s0), size_t(s1));
+    done(s0 * kPanel, std::min(src.rows, s1 * kPanel));
+  }
   return w;
+}
+
+inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool = nullptr) {
+  return pack(src, pool, [](int64_t, int64_t) {});
 }
 
 }  // namespace ops
