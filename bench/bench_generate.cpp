@@ -7,6 +7,8 @@
 //   BM_Prefill512      one 512-token pass: ms, and x_floor = ms / (FLOPs / peak FLOP/s)
 //   BM_LoadTTFT        Model::load + Workspace + first forward of a 7-token prompt (warm page cache), and the
 //                      prompt pass alone on the loaded model (prompt7_warm_ms)
+//   BM_LoadCold        Model::load after the checkpoint's pages are dropped from the page cache (posix_fadvise
+//                      DONTNEED on each file): what the disk allows, with disk_MBps = file bytes / load time
 //   BM_PeakRSS         peak RSS of a child process that loads and decodes 50 tokens, against
 //                      weight files + KV cache + 64 MiB
 //   BM_Int8Error       (opt-125m only) int8 against f32 logits and greedy tokens
@@ -19,6 +21,7 @@
 // (default 5) repetitions. Floors use 2-thread bandwidth/peak (the machine's); x_floor_same_threads uses the figure
 // measured with the benchmark's own thread count.
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -100,8 +103,14 @@ opt::LoadOptions load_options(const std::string& type) {
 
 // The model of a format, loaded once and reused by every benchmark of that format. Asking for another format
 // drops the others first (except keep_also, for comparisons), so one large model is in memory at a time.
-const opt::Model& model(const std::string& type, const std::string& keep_also = "") {
+std::map<std::string, std::unique_ptr<opt::Model>>& model_cache() {
   static std::map<std::string, std::unique_ptr<opt::Model>> cache;
+  return cache;
+}
+void release_models() { model_cache().clear(); }
+
+const opt::Model& model(const std::string& type, const std::string& keep_also = "") {
+  auto& cache = model_cache();
   for (auto it = cache.begin(); it != cache.end();)
     it = it->first == type || it->first == keep_also ? std::next(it) : cache.erase(it);
   auto& m = cache[type];
@@ -336,6 +345,35 @@ void BM_LoadTTFT(benchmark::State& state, std::string type) {
   state.counters["prompt7_warm_ms"] = median(prompt_ms);
 }
 
+// Drops dir's files from the page cache (clean pages only; the next read comes from the disk).
+void drop_page_cache(const std::filesystem::path& dir) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+void BM_LoadCold(benchmark::State& state, std::string type) {
+  label_isa(state);
+  const auto dir = checkpoint(type);
+  release_models();  // nothing else in memory
+  std::vector<double> load_ms;
+  for (auto _ : state) {
+    for (int r = 0; r < std::max(1, reps() / 2); ++r) {
+      drop_page_cache(dir);
+      auto t0 = clk::now();
+      opt::Model m = opt::Model::load(dir, load_options(type));
+      load_ms.push_back(ms_since(t0));
+    }
+    state.SetIterationTime(median(load_ms) * 1e-3);
+  }
+  state.counters["load_ms"] = median(load_ms);
+  state.counters["disk_MBps"] = checkpoint_bytes(dir) / (median(load_ms) * 1e3);
+}
+
 // Child mode (argv: --rss-child type threads model new): load, decode, print peak RSS in KiB and the cache's bytes.
 int rss_child(const std::string& type, size_t threads) {
   const opt::Model m = opt::Model::load(checkpoint(type), load_options(type));
@@ -451,6 +489,8 @@ void register_all(const std::vector<std::string>& formats) {
         ->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("BM_LoadTTFT/" + type).c_str(), BM_LoadTTFT, type)
         ->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("BM_LoadCold/" + type).c_str(), BM_LoadCold, type)
+        ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("BM_PeakRSS/" + type).c_str(), BM_PeakRSS, type)
         ->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
   }
