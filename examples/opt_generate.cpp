@@ -10,6 +10,10 @@
 //       each input line, in order, one output line {"ids": [prompt + new, unpadded], "new_ids": [...]} plus
 //       "text" (prompt + completion, special tokens skipped) when a tokenizer is available, and with --logits
 //       "logits": [...], the logits that chose the first new token.
+//
+//   Speculative decoding (greedy only; the output is exactly plain decoding's): --draft DIR (a draft model with
+//   the same vocabulary), --draft-self int8 (the model's own weights quantized) or --lookup N (prompt lookup with
+//   n-grams up to N), --draft-tokens K (default 4); --stats adds the acceptance rate and tokens per pass.
 // Exit code 0 on success; on any error one line on stderr and a non-zero exit.
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -17,7 +21,9 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <opt/generate.hpp>
+#include <opt/speculative.hpp>
 #include <optional>
 
 namespace {
@@ -34,7 +40,48 @@ struct Args {
   opt::SamplingOptions sampling;
   std::string quantize = "none";
   bool lm_head_int8 = false;
+  std::string draft, draft_self;  // speculative decoding: a draft model folder, or the model's own weights quantized
+  int64_t lookup = 0, draft_tokens = 4;
 };
+
+// The drafter the flags ask for (null: plain decoding), and its name for --stats.
+struct Speculation {
+  std::unique_ptr<opt::Drafter> drafter;
+  std::string name;
+  opt::SpeculativeOptions options;
+  opt::SpeculativeStats stats;
+};
+
+Speculation make_speculation(const Args& a, const opt::Model& model, size_t threads) {
+  Speculation sp;
+  const int n = int(!a.draft.empty()) + int(!a.draft_self.empty()) + int(a.lookup > 0);
+  if (n > 1) throw opt::input_error("give one drafter: --draft, --draft-self or --lookup");
+  sp.options.draft_tokens = a.draft_tokens;
+  if (!a.draft.empty()) {
+    opt::Model d = opt::Model::load(a.draft);
+    if (d.config().vocab_size > model.config().vocab_size)
+      throw opt::input_error("--draft " + a.draft + ": vocabulary of " + std::to_string(d.config().vocab_size) +
+                             " tokens, larger than the model's " + std::to_string(model.config().vocab_size));
+    sp.drafter = std::make_unique<opt::ModelDrafter>(d, threads);
+    sp.name = "draft model " + a.draft;
+  } else if (!a.draft_self.empty()) {
+    opt::LoadOptions lo;
+    lo.quantize = opt::quantization::int8;
+    sp.drafter = std::make_unique<opt::ModelDrafter>(opt::Model::load(a.model, lo), threads);
+    sp.name = "self draft " + a.draft_self;
+  } else if (a.lookup > 0) {
+    sp.drafter = std::make_unique<opt::PromptLookupDrafter>(a.lookup);
+    sp.name = "prompt lookup n<=" + std::to_string(a.lookup);
+  }
+  return sp;
+}
+
+void print_speculation(const Speculation& sp) {
+  const opt::SpeculativeStats& s = sp.stats;
+  std::fprintf(stderr, "speculative: %s, K<=%lld | %lld passes, %lld proposed, %lld accepted (%.1f%%) | %.2f tokens "
+               "per pass\n", sp.name.c_str(), (long long)sp.options.draft_tokens, (long long)s.passes,
+               (long long)s.proposed, (long long)s.accepted, 100.0 * s.acceptance(), s.tokens_per_pass());
+}
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
@@ -87,7 +134,10 @@ int run_prompts(const Args& a, const opt::Model& model, const std::optional<opt:
   };
   if (stream) std::fwrite(a.prompts[0].data(), 1, a.prompts[0].size(), stdout);
   opt::Workspace ws(a.threads);
-  opt::GenerateResult r = opt::generate(model, *tok, a.prompts, go, ws);
+  Speculation sp = make_speculation(a, model, a.threads);
+  opt::GenerateResult r = sp.drafter ? opt::speculative_generate(model, *tok, a.prompts, go, *sp.drafter, sp.options,
+                                                                 ws, &sp.stats)
+                                     : opt::generate(model, *tok, a.prompts, go, ws);
   Clock::time_point t1 = Clock::now();
   if (stream) std::fputs("\n", stdout);
   else
@@ -96,6 +146,7 @@ int run_prompts(const Args& a, const opt::Model& model, const std::optional<opt:
   const size_t steps = new_tokens > a.prompts.size() ? new_tokens - a.prompts.size() : 0;
   print_stats(load_s, first ? 0 : seconds(t0, t_first), prompt_tokens, first ? 0 : seconds(t_first, t1), steps,
               ws.threads());
+  if (sp.drafter && a.stats) print_speculation(sp);
   return 0;
 }
 
@@ -156,8 +207,11 @@ int run_jsonl(const Args& a, const opt::Model& model, const std::optional<opt::T
   }
   opt::GenerateOptions go = options(a);
   opt::Workspace ws(a.threads);
+  Speculation sp = make_speculation(a, model, a.threads);
   Clock::time_point t0 = Clock::now();
-  opt::GenerateResult r = opt::generate_ids(model, opt::unpad(ids, mask), go, ws, a.logits);
+  opt::GenerateResult r = sp.drafter ? opt::speculative_generate_ids(model, opt::unpad(ids, mask), go, *sp.drafter,
+                                                                     sp.options, ws, a.logits, &sp.stats)
+                                     : opt::generate_ids(model, opt::unpad(ids, mask), go, ws, a.logits);
   Clock::time_point t1 = Clock::now();
   size_t new_tokens = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {
@@ -176,6 +230,7 @@ int run_jsonl(const Args& a, const opt::Model& model, const std::optional<opt::T
   }
   std::cout.flush();
   if (a.stats) print_stats(load_s, 0, 0, seconds(t0, t1), new_tokens, ws.threads());
+  if (a.stats && sp.drafter) print_speculation(sp);
   return std::cout ? 0 : 1;
 }
 
@@ -203,7 +258,14 @@ int main(int argc, char** argv) {
   app.add_option("--quantize", a.quantize, "weights in memory: none (as stored) or int8 (weight-only, per-block scales)")
       ->check(CLI::IsMember({"none", "int8"}));
   app.add_flag("--lm-head-int8", a.lm_head_int8, "with --quantize int8, quantize the LM head too");
-  app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too");
+  app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too; with a drafter, its acceptance rate");
+  app.add_option("--draft", a.draft, "speculative decoding with this draft model (same vocabulary), greedy only");
+  app.add_option("--draft-self", a.draft_self, "speculative decoding with the model's own weights quantized")
+      ->check(CLI::IsMember({"int8"}));
+  app.add_option("--lookup", a.lookup, "speculative decoding by prompt lookup, n-grams up to N")
+      ->check(CLI::Range(int64_t(1), int64_t(16)));
+  app.add_option("--draft-tokens", a.draft_tokens, "speculative decoding: the most tokens drafted a pass (default 4)")
+      ->check(CLI::Range(int64_t(1), int64_t(64)));
   app.add_flag("--no-stream", a.no_stream, "-p: print the answer at the end instead of streaming it");
   try {
     app.parse(argc, argv);

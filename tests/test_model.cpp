@@ -311,3 +311,20 @@ TEST_CASE("results do not depend on the number of threads") {
   CHECK(outs[0] == outs[1]);
   CHECK(outs[0] == outs[2]);
 }
+
+TEST_CASE("a copy of a Model works the same after the original is gone (copies share the weights)") {
+  for (const char* name : {"opt-tiny-realvocab", "opt-tiny-postln-proj", "opt-tiny-preln-bf16"}) {
+    INFO(std::string(name));
+    const std::vector<int32_t> ids = {2, 10, 20, 30};
+    opt::Workspace ws(1);
+    auto original = std::make_unique<opt::Model>(opt::Model::load(opt_test::fixture_dir(name)));
+    opt::KvCache k1(original->config());
+    const opt::LogitsView a = original->forward({{&k1, ids.data(), int64_t(ids.size())}}, ws);
+    const std::vector<float> want(a.row(0), a.row(0) + a.cols);
+    const opt::Model copy = *original;
+    original.reset();  // the LayerNorm and bias vectors it widened to f32 must outlive it
+    opt::KvCache k2(copy.config());
+    const opt::LogitsView b = copy.forward({{&k2, ids.data(), int64_t(ids.size())}}, ws);
+    CHECK(std::vector<float>(b.row(0), b.row(0) + b.cols) == want);
+  }
+}

@@ -215,8 +215,11 @@ class TextStream {
 // Text in, text out, as the seed's worker does: encode (BOS prepended), generate, batch_decode. With
 // return_full_text (the default) each answer starts with its prompt and, without a stop string, equals
 // transformers' batch_decode(sequences, skip_special_tokens=True). Streams through opts.on_text.
-inline GenerateResult generate(const Model& model, const Tokenizer& tok, const std::vector<std::string>& prompts,
-                               const GenerateOptions& opts, Workspace& ws) {
+namespace detail {
+// The text layer of generate() over any ids engine: run(ids, options) generates as generate_ids does.
+template <class Run>
+GenerateResult generate_text(const Tokenizer& tok, const std::vector<std::string>& prompts, const GenerateOptions& opts,
+                             Run&& run) {
   std::vector<std::vector<int32_t>> ids;
   ids.reserve(prompts.size());
   for (auto& p : prompts) {
@@ -237,7 +240,7 @@ inline GenerateResult generate(const Model& model, const Tokenizer& tok, const s
     if (opts.on_text && !opts.on_text(row, id, piece)) go = false;
     return go;
   };
-  GenerateResult r = generate_ids(model, ids, o, ws);
+  GenerateResult r = run(ids, o);
   r.texts.resize(prompts.size());
   r.completions.resize(prompts.size());
   // ids the tokenizer lacks decode to nothing, as in TextStream
@@ -262,6 +265,15 @@ inline GenerateResult generate(const Model& model, const Tokenizer& tok, const s
     }
   }
   return r;
+}
+}  // namespace detail
+
+inline GenerateResult generate(const Model& model, const Tokenizer& tok, const std::vector<std::string>& prompts,
+                               const GenerateOptions& opts, Workspace& ws) {
+  return detail::generate_text(tok, prompts, opts, [&](const std::vector<std::vector<int32_t>>& ids,
+                                                       const GenerateOptions& o) {
+    return generate_ids(model, ids, o, ws);
+  });
 }
 
 inline GenerateResult generate(const Model& model, const Tokenizer& tok, const std::vector<std::string>& prompts,

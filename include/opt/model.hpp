@@ -527,19 +527,19 @@ class Model {
       if (slot.matrix) {
         const void* data = t->data;
         if (reinterpret_cast<uintptr_t>(data) % dtype_size(t->type) != 0) {  // misaligned in the file: copy
-          owned_bytes_.emplace_back(t->nbytes);
-          std::memcpy(owned_bytes_.back().data(), t->data, t->nbytes);
-          data = owned_bytes_.back().data();
+          owned_bytes_->emplace_back(t->nbytes);
+          std::memcpy(owned_bytes_->back().data(), t->data, t->nbytes);
+          data = owned_bytes_->back().data();
         }
         *slot.matrix = MatrixRef{t->type, data, slot.shape[0], slot.shape[1]};
       } else {
-        owned_floats_.emplace_back(t->numel());
-        std::vector<float>& v = owned_floats_.back();
+        owned_floats_->emplace_back(t->numel());
+        std::vector<float>& v = owned_floats_->back();
         MatrixRef row{t->type, t->data, 1, int64_t(t->numel())};
         if (reinterpret_cast<uintptr_t>(t->data) % dtype_size(t->type) != 0) {
-          owned_bytes_.emplace_back(t->nbytes);
-          std::memcpy(owned_bytes_.back().data(), t->data, t->nbytes);
-          row.data = owned_bytes_.back().data();
+          owned_bytes_->emplace_back(t->nbytes);
+          std::memcpy(owned_bytes_->back().data(), t->data, t->nbytes);
+          row.data = owned_bytes_->back().data();
         }
         ops::row_to_f32(row, 0, v.data());
         *slot.vec = v.data();
@@ -632,8 +632,11 @@ class Model {
   ModelWeights w_;
   std::string prefix_;
   std::vector<std::string> unexpected_;
-  std::vector<std::vector<float>> owned_floats_;
-  std::vector<std::vector<std::byte>> owned_bytes_;
+  // vectors widened to f32 and tensors copied for alignment: shared by copies of the Model, like the packed weights
+  // (ModelWeights points into them; a copy of the containers would leave those pointers on the original's)
+  std::shared_ptr<std::deque<std::vector<float>>> owned_floats_ = std::make_shared<std::deque<std::vector<float>>>();
+  std::shared_ptr<std::deque<std::vector<std::byte>>> owned_bytes_ =
+      std::make_shared<std::deque<std::vector<std::byte>>>();
   std::vector<std::pair<const std::byte*, size_t>> mappings_;  // the checkpoint's file mappings
 };
 

@@ -247,4 +247,15 @@ inline GenerateResult speculative_generate_ids(const Model& model, const std::ve
   return res;
 }
 
+// Text in, text out (generate()'s text layer: streaming, stop strings, batch_decode) with speculative decoding.
+inline GenerateResult speculative_generate(const Model& model, const Tokenizer& tok,
+                                          const std::vector<std::string>& prompts, const GenerateOptions& opts,
+                                          Drafter& drafter, const SpeculativeOptions& so, Workspace& ws,
+                                          SpeculativeStats* stats = nullptr) {
+  return detail::generate_text(tok, prompts, opts, [&](const std::vector<std::vector<int32_t>>& ids,
+                                                       const GenerateOptions& o) {
+    return speculative_generate_ids(model, ids, o, drafter, so, ws, false, stats);
+  });
+}
+
 OPT_NAMESPACE_END
