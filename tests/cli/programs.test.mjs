@@ -120,6 +120,33 @@ test("opt-generate --jsonl: ids the tokenizer lacks stay in ids and new_ids, and
   assert.equal(o.text, d.text);
 });
 
+test("opt-generate speculative (--lookup, --draft-self, --draft): the same output lines byte for byte, faster or not", () => {
+  const m = path.join(FIX, "opt-tiny-realvocab");
+  for (const name of ["batch_left", "batch_right"]) {
+    const c = gcase("opt-tiny-realvocab", name), gen = c.generate;
+    const args = ["-m", m, "-t", TOKDIR, "-n", String(gen.max_new_tokens), "--logits", "--jsonl", "-"];
+    const input = jsonl(c.prompts.map((ids) => ({ ids })));
+    const plain = run("generate", args, input).stdout;
+    for (const flags of [["--lookup", "2"], ["--draft-self", "int8", "--draft-tokens", "7"], ["--draft", m, "--draft-tokens", "1"]]) {
+      assert.equal(run("generate", [...args, ...flags], input).stdout, plain, `${name} ${flags.join(" ")}`);
+      // --stats: the timing line and the drafter's (acceptance, tokens per pass) on stderr, stdout unchanged
+      const r = run("generate", [...args, ...flags, "--stats"], input, { ok: false });
+      assert.equal(r.status, 0);
+      assert.equal(r.stdout, plain);
+      assert.match(r.stderr, /\nspeculative: .* \| \d+ passes, \d+ proposed, \d+ accepted \([0-9.]+%\) \| [0-9.]+ tokens per pass\n$/);
+    }
+    // the model as its own draft accepts everything
+    const r = run("generate", [...args, "--draft", m, "--stats"], input, { ok: false });
+    assert.match(r.stderr, /accepted \(100\.0%\)/, r.stderr);
+  }
+  const p = ["-m", m, "-t", TOKDIR, "-p", "Hello"];
+  assertFails("generate", [...p, "--lookup", "2", "--draft-self", "int8"], "", "two drafters");
+  assertFails("generate", [...p, "--lookup", "2", "--temp", "0.7"], "", "speculative sampling");
+  assertFails("generate", [...p, "--draft-self", "int3"], "", "unknown --draft-self");
+  assertFails("generate", [...p, "--draft", path.join(FIX, "no-such-model")], "", "missing draft folder");
+  assertFails("generate", [...p, "--draft", path.join(FIX, "opt-tiny-realvocab"), "--draft-tokens", "0"], "", "K = 0");
+});
+
 test("opt-tokenize --jsonl: every golden string, with and without BOS", () => {
   const t = JSON.parse(readFileSync(path.join(TOKDIR, "tok_goldens.json"), "utf8"));
   const input = t.encode.map((e) => JSON.stringify(e.text)).join("\n") + "\n";
