@@ -62,9 +62,9 @@ TEST_CASE("KvCache element types: bytes, bytes_per_token, the layout's size") {
   for (int i = 0; i < 3; ++i) {
     CHECK(opt::KvCache::bytes_per_token(12, 768, kTypes[i]) == m125[i]);
     CHECK(opt::KvCache::bytes_per_token(32, 4096, kTypes[i]) == m6b[i]);
-    MESSAGE("KV cache per token, " << opt::to_string(kTypes[i]) << ": opt-125m "
-                                   << opt::KvCache::bytes_per_token(12, 768, kTypes[i]) / 1024.0 << " KiB, opt-6.7b "
-                                   << opt::KvCache::bytes_per_token(32, 4096, kTypes[i]) / 1024.0 << " KiB");
+    MESSAGE("KV cache per token, " << std::string(opt::to_string(kTypes[i])) << ": opt-125m "
+            << opt::KvCache::bytes_per_token(12, 768, kTypes[i]) / 1024.0 << " KiB, opt-6.7b "
+            << opt::KvCache::bytes_per_token(32, 4096, kTypes[i]) / 1024.0 << " KiB");
   }
 }
 
