@@ -101,16 +101,29 @@ BENCHMARK(BM_Linear)
     ->Args({48, 3072, 768, 0, 1})
     ->Unit(benchmark::kMillisecond);
 
-// Args: {past, n, threads}: 12 heads of 64, the cache laid out as KvCache does (one block of positions per head)
-void BM_Attention(benchmark::State& state) {
+// Args: {past, n, threads[, kv]}: 12 heads of 64, the cache laid out as KvCache does (one block of positions per
+// head), its elements F32 (kv 0, BM_Attention), F16 (1) or BF16 (2). Counter: GB/s of cache read (keys and values
+// of every position, once per pass).
+void attention_bench(benchmark::State& state, opt::dtype t) {
   const int64_t past = state.range(0), n = state.range(1), nh = 12, hd = 64, H = nh * hd, hs = (past + n) * hd;
   const size_t threads = size_t(state.range(2));
   std::vector<float> q = randn(size_t(n * H), 3, 0.125f), k = randn(size_t((past + n) * H), 4),
                      v = randn(size_t((past + n) * H), 5), out(size_t(n * H)), want(size_t(n * H));
+  std::vector<uint16_t> kh, vh;  // the F16 / BF16 cache
+  const void* kp = k.data();
+  const void* vp = v.data();
+  if (t != opt::dtype::F32) {
+    const auto round = [t](float x) {
+      return t == opt::dtype::F16 ? opt::detail::f32_to_f16(x) : opt::detail::f32_to_bf16(x);
+    };
+    for (size_t i = 0; i < k.size(); ++i) kh.push_back(round(k[i])), vh.push_back(round(v[i]));
+    kp = kh.data();
+    vp = vh.data();
+  }
   std::vector<float> scores(threads * size_t(opt::ops::kAttentionScratch * (past + n)));
   opt::ThreadPool pool(threads);
-  opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), hd, hs, nh, hd, out.data(), scores.data());
-  opt::ref::attention(q.data(), past, std::min<int64_t>(n, 4), k.data(), v.data(), hd, hs, nh, hd, want.data());
+  opt::ops::attention(pool, q.data(), past, n, t, kp, vp, hd, hs, nh, hd, out.data(), scores.data());
+  opt::ref::attention(q.data(), past, std::min<int64_t>(n, 4), t, kp, vp, hd, hs, nh, hd, want.data());
   double worst = 0, tol = 1e-5 * std::sqrt(double(past + n));  // softmax weights sum to 1; |v| ~ 1
   for (int64_t i = 0; i < std::min<int64_t>(n, 4) * H; ++i)
     worst = std::max(worst, std::fabs(double(out[size_t(i)]) - double(want[size_t(i)])));
@@ -119,15 +132,29 @@ void BM_Attention(benchmark::State& state) {
     return;
   }
   for (auto _ : state) {
-    opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), hd, hs, nh, hd, out.data(), scores.data());
+    opt::ops::attention(pool, q.data(), past, n, t, kp, vp, hd, hs, nh, hd, out.data(), scores.data());
     benchmark::DoNotOptimize(out.data());
   }
+  const double bytes = 2.0 * double(past + n) * double(H) * double(opt::dtype_size(t));
+  state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(opt::to_string(t)) + " kernels=" + opt::kernels::to_string(opt::kernels::active_isa()));
 }
+void BM_Attention(benchmark::State& state) { attention_bench(state, opt::dtype::F32); }
 BENCHMARK(BM_Attention)
     ->Args({56, 1, 1})
     ->Args({511, 1, 2})
     ->Args({0, 512, 2})
     ->Args({0, 512, 1})
+    ->Unit(benchmark::kMicrosecond);
+
+// The KV cache's element types side by side: decode at a long past and a 512-token prefill, 1 and 2 threads.
+void BM_AttentionKv(benchmark::State& state) {
+  const opt::dtype types[] = {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16};
+  attention_bench(state, types[state.range(3)]);
+}
+BENCHMARK(BM_AttentionKv)
+    ->ArgsProduct({{2047}, {1}, {1, 2}, {0, 1, 2}})
+    ->ArgsProduct({{0}, {512}, {1, 2}, {0, 1, 2}})
     ->Unit(benchmark::kMicrosecond);
 
 // Args: {n, d}

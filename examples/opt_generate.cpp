@@ -1,7 +1,7 @@
 // opt-generate: the everyday command line for OPT models.
 //
 //   opt-generate -m MODEL_DIR -p "Hello, my name is" -n 50 [--temp T --top-k K --top-p P --seed S
-//                --repeat-penalty R --stop STR ... --threads N -t TOKENIZER_DIR]
+//                --repeat-penalty R --stop STR ... --threads N -t TOKENIZER_DIR --kv-cache f32|f16|bf16]
 //       streams the answer to stdout, then prints load time, prefill and decode speed to stderr.
 //
 //   opt-generate -m MODEL_DIR [-n MAX_NEW_TOKENS] --jsonl FILE|- [--padding left|right] [--logits]
@@ -26,6 +26,8 @@
 #include <opt/speculative.hpp>
 #include <optional>
 
+#include "kv_cache_option.hpp"
+
 namespace {
 
 using json = nlohmann::json;
@@ -42,6 +44,7 @@ struct Args {
   bool lm_head_int8 = false;
   std::string draft, draft_self;  // speculative decoding: a draft model folder, or the model's own weights quantized
   int64_t lookup = 0, draft_tokens = 4;
+  std::string kv_cache = "f32";
 };
 
 // The drafter the flags ask for (null: plain decoding), and its name for --stats.
@@ -99,6 +102,7 @@ opt::GenerateOptions options(const Args& a) {
   go.max_new_tokens = a.max_new_tokens;
   go.sampling = a.sampling;
   go.stop = a.stop;
+  go.kv_cache = opt::kv_cache_type_from_string(a.kv_cache);
   return go;
 }
 
@@ -258,6 +262,8 @@ int main(int argc, char** argv) {
   app.add_option("--quantize", a.quantize, "weights in memory: none (as stored) or int8 (weight-only, per-block scales)")
       ->check(CLI::IsMember({"none", "int8"}));
   app.add_flag("--lm-head-int8", a.lm_head_int8, "with --quantize int8, quantize the LM head too");
+  app.add_option("--kv-cache", a.kv_cache, "KV cache elements: f32 (default, exact), f16 or bf16 (half the memory)")
+      ->check(kv_cache_validator());
   app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too; with a drafter, its acceptance rate");
   app.add_option("--draft", a.draft, "speculative decoding with this draft model (same vocabulary), greedy only");
   app.add_option("--draft-self", a.draft_self, "speculative decoding with the model's own weights quantized")

@@ -2,6 +2,7 @@
 //
 //   opt-serve -m MODEL_DIR [-t TOKENIZER_DIR] [--host 127.0.0.1] [--port 8080] [--max-batch 16] [--threads N]
 //             [--max-queue 64] [--max-body-bytes 1048576] [--max-tokens-limit N] [--max-prompts 32]
+//             [--kv-cache f32|f16|bf16]
 //
 // Endpoints
 //   POST /generate        {"prompts": [...], "max_new_tokens": 50} -> {"texts": [...]}: greedy, each text starts
@@ -44,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "kv_cache_option.hpp"
 #include "opt_serve_page.hpp"
 #include "opt_serve_request.hpp"
 
@@ -61,6 +63,7 @@ struct ServerOptions {
   int64_t max_tokens_limit = 0;  // 0: the model's context
   int timeout_s = 30;
   int step_delay_ms = 0;  // testing and demos: sleep after each step so streams can be watched
+  std::string kv_cache = "f32";  // every sequence's KV cache element type (--kv-cache)
 };
 
 // ---- errors -----------------------------------------------------------------------------------------------------
@@ -76,7 +79,7 @@ void send_error(httplib::Response& res, const ApiError& e) {
 class Scheduler {
  public:
   Scheduler(const opt::Model& model, const opt::Tokenizer& tok, const ServerOptions& o)
-      : tok_(tok), opts_(o), batch_(model, o.threads) {
+      : tok_(tok), opts_(o), batch_(model, o.threads), kv_cache_(opt::kv_cache_type_from_string(o.kv_cache)) {
     dopts_.skip_special_tokens = true;
     // clean_up_tokenization_spaces: the tokenizer's default, as batch_decode
   }
@@ -175,7 +178,9 @@ class Scheduler {
     }
     opt::SeqId id = 0;
     try {
-      id = batch_.add(c.prompt, c.opts);
+      opt::SequenceOptions so = c.opts;
+      so.kv_cache = kv_cache_;
+      id = batch_.add(c.prompt, so);
     } catch (const std::exception& ex) {  // validated before; should not happen
       fail(e, ex.what());
       return;
@@ -278,6 +283,7 @@ class Scheduler {
   const ServerOptions& opts_;
   opt::DecodeOptions dopts_;
   opt::Batch batch_;  // the scheduler thread's alone
+  opt::dtype kv_cache_;  // every sequence's KV cache element type
   std::map<opt::SeqId, Entry> active_;
 
   mutable std::mutex mu_;
@@ -520,6 +526,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 3600));
   app.add_option("--step-delay-ms", o.step_delay_ms, "sleep after each step (tests and demos)")
       ->capture_default_str()->check(CLI::Range(0, 10000));
+  app.add_option("--kv-cache", o.kv_cache, "KV cache elements: f32 (exact), f16 or bf16 (half the memory)")
+      ->capture_default_str()->check(kv_cache_validator());
   CLI11_PARSE(app, argc, argv);
 
   // SIGINT/SIGTERM are taken by one thread with sigwait; every other thread blocks them. SIGPIPE: a client that

@@ -1,7 +1,8 @@
 // What the kernels promise, checked end to end on the fixture models: logits are bitwise identical whatever the
 // thread count, whether a row runs alone or in a batch with other rows, and whether a token is computed in the
-// prompt pass or step by step from the cache (batch invariance); and a decode step allocates nothing (Model::forward,
-// Batch::step, Batch::compute + accept, generate), once the first step has sized the buffers.
+// prompt pass or step by step from the cache (batch invariance), with an F32, F16 or BF16 KV cache; and a decode
+// step allocates nothing (Model::forward, Batch::step, Batch::compute + accept, generate), once the first step has
+// sized the buffers.
 // The operator new/delete replacements below pair with malloc/free, which GCC cannot see.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -76,23 +77,28 @@ Logits run(const opt::Model& m, opt::Workspace& ws, const std::vector<std::vecto
 
 }  // namespace
 
-TEST_CASE("batch invariance: alone == in a batch == step by step, for 1 and 2 threads") {
+TEST_CASE("batch invariance: alone == in a batch == step by step, for 1 and 2 threads, F32, F16 and BF16 caches") {
   for (const char* name : {"opt-tiny-odd", "opt-tiny-postln-proj", "opt-tiny-preln-bf16", "opt-tiny-gelu-nobias",
                            "opt-tiny-nofinalln-silu"}) {
     INFO(name);
     opt::Model m = opt::Model::load(opt_test::fixture_dir(name));
     const std::vector<std::vector<int32_t>> rows = {{2, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, {2, 40, 41}, {2, 7, 8, 9, 10, 11}};
     const auto& row = rows[0];
+    Logits alone_1;  // 1 thread's, per cache type
+    for (opt::dtype kvt : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16})
     for (size_t threads : {1, 2}) {
+      INFO(std::string(opt::to_string(kvt)) << " cache, " << threads << " threads");
       opt::Workspace ws(threads);
       std::vector<opt::KvCache> c1, c3;
-      c1.emplace_back(m.config());
-      for (int i = 0; i < 3; ++i) c3.emplace_back(m.config());
+      c1.emplace_back(m.config(), 0, kvt);
+      for (int i = 0; i < 3; ++i) c3.emplace_back(m.config(), 0, kvt);
       Logits alone = run(m, ws, {row}, 0, c1);
       Logits batched = run(m, ws, rows, 0, c3);
       CHECK(alone == batched);
+      if (threads == 1) alone_1 = alone;
+      else CHECK(alone == alone_1);
       // step by step: the prompt pass of the first 3 tokens, then one token at a time
-      opt::KvCache kv(m.config());
+      opt::KvCache kv(m.config(), 0, kvt);
       opt::ForwardOptions fo;
       fo.all_logits = true;
       opt::LogitsView lv = m.forward({{&kv, row.data(), 3}}, ws, fo);
@@ -108,9 +114,11 @@ TEST_CASE("batch invariance: alone == in a batch == step by step, for 1 and 2 th
 
 TEST_CASE("a decode step does not allocate") {
   opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
+  for (opt::dtype kvt : {opt::dtype::F32, opt::dtype::F16}) {
+  INFO(std::string(opt::to_string(kvt)) << " cache");
   opt::Workspace ws(2);
   std::vector<opt::KvCache> kv;
-  for (int i = 0; i < 4; ++i) kv.emplace_back(m.config(), 32);
+  for (int i = 0; i < 4; ++i) kv.emplace_back(m.config(), 32, kvt);
   std::vector<int32_t> ids = {2, 5, 6, 7};
   std::vector<opt::SequenceChunk> prompt, step;
   for (int i = 0; i < 4; ++i) {
@@ -122,6 +130,7 @@ TEST_CASE("a decode step does not allocate") {
   const long before = g_allocs.load();
   for (int s = 0; s < 5; ++s) m.forward(step, ws);
   CHECK(g_allocs.load() - before == 0);
+  }
 }
 
 TEST_CASE("Batch::step and compute + accept do not allocate after the first decode step") {

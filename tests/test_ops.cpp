@@ -166,6 +166,71 @@ TEST_CASE("attention matches opt::ref::attention; prompt pass equals step by ste
   }
 }
 
+namespace {
+// v rounded to a cache element type (as KvCache::store rounds), the stored elements and their f32 values.
+struct HalfCache {
+  std::vector<uint16_t> e;  // F16 / BF16 elements
+  std::vector<float> f;     // the values they hold, widened
+};
+HalfCache to_half(opt::dtype t, const std::vector<float>& v) {
+  HalfCache h;
+  for (float x : v) {
+    const uint16_t b = t == opt::dtype::F16 ? opt::detail::f32_to_f16(x) : opt::detail::f32_to_bf16(x);
+    h.e.push_back(b);
+    h.f.push_back(t == opt::dtype::F16 ? opt::detail::f16_to_f32(b) : opt::detail::bf16_to_f32(b));
+  }
+  return h;
+}
+}  // namespace
+
+TEST_CASE("attention over F16 and BF16 caches: the F32 kernel's bits on the widened values, and the reference") {
+  opt::ThreadPool pool(2);
+  for_each_isa([&](opt::kernels::isa) {
+    for (opt::dtype t : {opt::dtype::F16, opt::dtype::BF16})
+      for (int64_t hd : {8, 16, 24, 64}) {
+        INFO(opt::to_string(t) << " head_dim " << hd);
+        const int64_t nh = 3, H = nh * hd, past = 37, n = 19, T = past + n, cap = T + 5;
+        // one block of positions per head (KvCache's layout, room for 5 more), then the rows-of-heads layout
+        std::vector<float> q = randu(size_t(n * H), 1, 0.5f);
+        const HalfCache k = to_half(t, randu(size_t(nh * cap * hd), 2, 2.0f));
+        const HalfCache v = to_half(t, randu(size_t(nh * cap * hd), 3));
+        std::vector<float> scores(size_t(2 * opt::ops::kAttentionScratch * T)), got(size_t(n * H)),
+            want(size_t(n * H)), ref(size_t(n * H)), alone(static_cast<size_t>(H));
+        opt::ops::attention(pool, q.data(), past, n, t, k.e.data(), v.e.data(), hd, cap * hd, nh, hd, got.data(),
+                            scores.data());
+        opt::ops::attention(pool, q.data(), past, n, k.f.data(), v.f.data(), hd, cap * hd, nh, hd, want.data(),
+                            scores.data());
+        CHECK(same_bits(got, want));
+        opt::ref::attention(q.data(), past, n, t, k.e.data(), v.e.data(), hd, cap * hd, nh, hd, ref.data());
+        const double tol = 1e-6 * (1 + double(hd) * 0.5 * 2.0);
+        double worst = 0;
+        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - ref[i])));
+        CHECK(worst <= tol);
+        // a decode step (one token alone, on the calling thread) gives the prompt pass's bits
+        bool same = true;
+        for (int64_t i : {int64_t(0), n / 2, n - 1}) {
+          opt::ops::attention_rows(q.data() + i * H, past + i, t, k.e.data(), v.e.data(), hd, cap * hd, nh, hd,
+                                   alone.data(), H, scores.data(), 0, 1, 0, nh);
+          same = same && std::memcmp(alone.data(), got.data() + i * H, size_t(H) * 4) == 0;
+        }
+        CHECK(same);
+        // rows of all heads (ld = H, hs = head_dim)
+        const HalfCache kr = to_half(t, randu(size_t(T * H), 4, 2.0f)), vr = to_half(t, randu(size_t(T * H), 5));
+        opt::ops::attention(pool, q.data(), past, n, t, kr.e.data(), vr.e.data(), H, hd, nh, hd, got.data(),
+                            scores.data());
+        opt::ops::attention(pool, q.data(), past, n, kr.f.data(), vr.f.data(), H, hd, nh, hd, want.data(),
+                            scores.data());
+        CHECK(same_bits(got, want));
+      }
+  });
+  // an element type attention cannot read
+  std::vector<float> q(16), kv(64), out(16), scores(64);
+  opt::ThreadPool p1(1);
+  CHECK_THROWS_AS(opt::ops::attention(p1, q.data(), 0, 1, opt::dtype::I8, kv.data(), kv.data(), 16, 16, 1, 16,
+                                      out.data(), scores.data()),
+                  opt::input_error);
+}
+
 TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
   const opt::kernels::isa was = opt::kernels::active_isa();
   MESSAGE("ISAs on this machine: " << opt::kernels::available_isas_string());
@@ -224,6 +289,18 @@ TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
       std::vector<float> scores(size_t(2 * opt::ops::kAttentionScratch * (past + n)));
       opt::ops::attention(pool, q.data(), past, n, k.data(), v.data(), H, hd, nh, hd, out.data(), scores.data());
       put(out);
+      // over F16 and BF16 caches: prompt pass and one decode step
+      for (opt::dtype t : {opt::dtype::F16, opt::dtype::BF16}) {
+        const HalfCache kh = to_half(t, k), vh = to_half(t, v);
+        opt::ops::attention(pool, q.data(), past, n, t, kh.e.data(), vh.e.data(), H, hd, nh, hd, out.data(),
+                            scores.data());
+        put(out);
+        opt::ops::attention(pool, q.data(), past + n - 1, 1, t, kh.e.data(), vh.e.data(), H, hd, nh, hd, out.data(),
+                            scores.data());
+        out.resize(size_t(H));
+        put(out);
+        out.resize(size_t(n * H));
+      }
     }
     // the int8 quantizer
     {

@@ -180,3 +180,29 @@ TEST_CASE("speculative decoding refuses what it cannot keep exact") {
   go.max_new_tokens = 1000;
   CHECK_THROWS_AS(opt::speculative_generate_ids(m, {{2, 5}}, go, d, {}, ws), opt::input_error);
 }
+
+TEST_CASE("speculative decoding with an F16 or BF16 KV cache gives plain decoding's output with that cache") {
+  const auto dir = opt_test::fixture_dir("opt-tiny-odd");
+  const opt::Model m = opt::Model::load(dir);
+  const opt::Model self = opt::Model::load(dir);
+  const std::vector<std::vector<int32_t>> rows = {{2, 11, 12, 13}, {2, 40, 41, 40, 41}, {2, 7}};
+  for (opt::dtype kv : {opt::dtype::F16, opt::dtype::BF16}) {
+    INFO(std::string(opt::to_string(kv)));
+    opt::GenerateOptions go;
+    go.max_new_tokens = 12;
+    go.kv_cache = kv;
+    opt::Workspace ws(2);
+    const opt::GenerateResult plain = opt::generate_ids(m, rows, go, ws, true);
+    opt::GenerateOptions f32 = go;
+    f32.kv_cache = opt::dtype::F32;
+    const opt::GenerateResult exact = opt::generate_ids(m, rows, f32, ws, true);
+    CHECK(plain.first_logits != exact.first_logits);  // the cache type really is in use
+    opt::PromptLookupDrafter lookup(2);
+    opt::ModelDrafter draft(self, 1);
+    for (opt::Drafter* d : {static_cast<opt::Drafter*>(&lookup), static_cast<opt::Drafter*>(&draft)}) {
+      const opt::GenerateResult r = opt::speculative_generate_ids(m, rows, go, *d, {}, ws, true);
+      CHECK(r.new_tokens == plain.new_tokens);
+      CHECK(r.first_logits == plain.first_logits);
+    }
+  }
+}

@@ -35,6 +35,7 @@ struct SequenceOptions {
   bool stop_at_eos = true;
   int64_t eos_token_id = -1;  // -1: the model's config.eos_token_id
   SamplingOptions sampling;   // greedy by default
+  dtype kv_cache = dtype::F32;  // the KV cache's element type: F32 (exact), F16 or BF16 (half the bytes)
 };
 
 using SeqId = uint64_t;
@@ -79,8 +80,11 @@ class Batch {
                         std::to_string(opts.max_new_tokens) + " = " + std::to_string(len + std::min(opts.max_new_tokens, c.max_position_embeddings)) +
                         (opts.max_new_tokens > c.max_position_embeddings ? "+" : "") +
                         " positions, beyond max_position_embeddings " + std::to_string(c.max_position_embeddings));
+    if (!ops::attention_cache_type(opts.kv_cache))
+      throw input_error(std::string("Batch::add: KV cache element type ") + to_string(opts.kv_cache) +
+                        " (expected F32, F16 or BF16)");
     const int64_t need = len + opts.max_new_tokens;
-    const size_t bytes = cache_bytes_for(c, need);
+    const size_t bytes = cache_bytes_for(c, need, opts.kv_cache);
     if (opts.max_new_tokens > 0 && cache_bytes() + bytes > max_cache_bytes_)
       throw limit_error("Batch::add: a KV cache of " + std::to_string(bytes) + " bytes (" + std::to_string(need) +
                         " positions) on top of the " + std::to_string(cache_bytes()) + " bytes held would exceed " +
@@ -96,16 +100,16 @@ class Batch {
       s.finished = true;
       s.reason = FinishReason::length;
     } else {
-      s.cache = std::make_unique<KvCache>(c, need);
+      s.cache = std::make_unique<KvCache>(c, need, opts.kv_cache);
     }
     const SeqId id = next_id_++;
     seqs_.emplace(id, std::move(s));
     return id;
   }
 
-  // KV cache bytes a sequence of `positions` positions needs: keys and values of every layer, in float.
-  static size_t cache_bytes_for(const Config& c, int64_t positions) noexcept {
-    return 2 * size_t(c.num_hidden_layers) * size_t(positions) * size_t(c.hidden_size) * sizeof(float);
+  // KV cache bytes a sequence of `positions` positions needs: keys and values of every layer, elements of `type`.
+  static size_t cache_bytes_for(const Config& c, int64_t positions, dtype type = dtype::F32) noexcept {
+    return size_t(positions) * KvCache::bytes_per_token(c, type);
   }
   // The cap on the KV cache all unfinished sequences may hold together (default OPT_MAX_KV_BYTES).
   void set_max_cache_bytes(size_t bytes) noexcept { max_cache_bytes_ = bytes; }

@@ -28,6 +28,7 @@ struct GenerateOptions {
   size_t threads = 0;         // 0: all cores (when generate makes its own Workspace)
   size_t max_cache_bytes = OPT_MAX_KV_BYTES;  // cap on the batch's KV cache, checked before allocating
   SamplingOptions sampling;   // greedy by default
+  dtype kv_cache = dtype::F32;  // the KV cache's element type: F32 (exact, the default), F16 or BF16 (half the bytes)
   // Called for each new token of each row; return false to stop that row.
   std::function<bool(size_t row, int32_t id)> on_token;
 
@@ -83,6 +84,9 @@ inline GenerateResult generate_ids(const Model& model, const std::vector<std::ve
   if (prompts.empty()) throw input_error("generate: empty batch (no prompts)");
   if (opts.max_new_tokens < 0)
     throw input_error("generate: max_new_tokens = " + std::to_string(opts.max_new_tokens) + ", expected >= 0");
+  if (!ops::attention_cache_type(opts.kv_cache))
+    throw input_error(std::string("generate: KV cache element type ") + to_string(opts.kv_cache) +
+                      " (expected F32, F16 or BF16)");
   const size_t B = prompts.size();
   size_t cache_total = 0;
   for (size_t b = 0; b < B; ++b) {
@@ -99,7 +103,8 @@ inline GenerateResult generate_ids(const Model& model, const std::vector<std::ve
         throw input_error("generate: prompt " + std::to_string(b) + " token " + std::to_string(j) + " = " +
                           std::to_string(prompts[b][j]) + " is outside the vocabulary [0, " +
                           std::to_string(c.vocab_size) + ")");
-    if (opts.max_new_tokens > 0) cache_total += Batch::cache_bytes_for(c, len + opts.max_new_tokens);
+    if (opts.max_new_tokens > 0)
+      cache_total += Batch::cache_bytes_for(c, len + opts.max_new_tokens, opts.kv_cache);
   }
   // the whole batch's KV cache, checked before anything is allocated
   if (cache_total > opts.max_cache_bytes)
@@ -114,6 +119,7 @@ inline GenerateResult generate_ids(const Model& model, const std::vector<std::ve
   so.stop_at_eos = opts.stop_at_eos;
   so.eos_token_id = opts.eos_token_id;
   so.sampling = opts.sampling;
+  so.kv_cache = opts.kv_cache;
   std::vector<SeqId> ids(B);
   std::map<SeqId, size_t> row_of;
   for (size_t b = 0; b < B; ++b) {

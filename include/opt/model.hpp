@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -110,58 +111,105 @@ void for_each_tensor(const Config& c, ModelWeights& w, F&& visit) {
   }
 }
 
-// Per-sequence attention state: the keys and values of every position seen so far, for every layer.
+// The element types a KvCache may hold, by the name the command-line programs take: "f32" (the default: exact),
+// "f16" or "bf16" (half the bytes; each key and value rounded to nearest even as it is stored, widened exactly
+// as attention reads it). A config_error names the choices for any other name.
+inline dtype kv_cache_type_from_string(std::string_view s) {
+  if (s == "f32") return dtype::F32;
+  if (s == "f16") return dtype::F16;
+  if (s == "bf16") return dtype::BF16;
+  throw config_error("unknown KV cache type '" + std::string(s) + "' (expected f32, f16 or bf16)");
+}
+inline const char* kv_cache_type_name(dtype t) noexcept {
+  return t == dtype::F32 ? "f32" : t == dtype::F16 ? "f16" : t == dtype::BF16 ? "bf16" : "?";
+}
+
+// Per-sequence attention state: the keys and values of every position seen so far, for every layer, as F32
+// (default), F16 or BF16 elements.
 class KvCache {
  public:
   KvCache() = default;
-  // Room for `capacity` positions (default: the model's context, max_position_embeddings).
-  explicit KvCache(const Config& c, int64_t capacity = 0) {
+  // Room for `capacity` positions (default: the model's context, max_position_embeddings) of element type `type`
+  // (F32, F16 or BF16; an input_error otherwise).
+  explicit KvCache(const Config& c, int64_t capacity = 0, dtype type = dtype::F32) {
     if (capacity <= 0) capacity = c.max_position_embeddings;
     if (capacity > c.max_position_embeddings)
       throw input_error("KvCache: capacity " + std::to_string(capacity) + " exceeds max_position_embeddings " +
                         std::to_string(c.max_position_embeddings));
+    if (!ops::attention_cache_type(type))
+      throw input_error(std::string("KvCache: element type ") + to_string(type) + " (expected F32, F16 or BF16)");
     layers_ = c.num_hidden_layers;
     hidden_ = c.hidden_size;
     heads_ = c.num_attention_heads;
     head_dim_ = c.hidden_size / c.num_attention_heads;
     capacity_ = capacity;
-    const size_t n = size_t(layers_) * size_t(capacity_) * size_t(hidden_);
-    k_.assign(n, 0.0f);
-    v_.assign(n, 0.0f);
+    type_ = type;
+    esize_ = dtype_size(type);
+    const size_t n = size_t(layers_) * size_t(capacity_) * size_t(hidden_) * esize_;  // bytes of k, and of v
+    k_.assign(n, std::byte{0});
+    v_.assign(n, std::byte{0});
   }
   int64_t size() const noexcept { return size_; }  // positions stored (the next token's position)
   int64_t capacity() const noexcept { return capacity_; }
+  dtype type() const noexcept { return type_; }  // the element type of keys and values
   void clear() noexcept { size_ = 0; }
   // Drops positions beyond n (to roll back speculative or rejected tokens).
   void truncate(int64_t n) noexcept { size_ = std::min(size_, std::max<int64_t>(n, 0)); }
-  size_t bytes() const noexcept { return (k_.size() + v_.size()) * sizeof(float); }
+  size_t bytes() const noexcept { return k_.size() + v_.size(); }
+  // Bytes one position takes: keys and values of every layer, 2 x layers x hidden x the element's size.
+  size_t bytes_per_token() const noexcept { return bytes_per_token(layers_, hidden_, type_); }
+  static size_t bytes_per_token(int64_t layers, int64_t hidden, dtype type) noexcept {
+    return 2 * size_t(layers) * size_t(hidden) * dtype_size(type);
+  }
+  static size_t bytes_per_token(const Config& c, dtype type = dtype::F32) noexcept {
+    return bytes_per_token(c.num_hidden_layers, c.hidden_size, type);
+  }
 
-  // A layer's keys and values: position t of head h at t * ld() + h * head_stride() (each head's positions are
-  // one contiguous block, which attention reads row after row).
-  float* k(int64_t layer) noexcept { return k_.data() + size_t(layer) * size_t(capacity_) * size_t(hidden_); }
-  float* v(int64_t layer) noexcept { return v_.data() + size_t(layer) * size_t(capacity_) * size_t(hidden_); }
+  // A layer's keys and values, elements of type(): position t of head h at element t * ld() + h * head_stride()
+  // (each head's positions are one contiguous block, which attention reads row after row).
+  void* k(int64_t layer) noexcept { return k_.data() + layer_offset(layer); }
+  void* v(int64_t layer) noexcept { return v_.data() + layer_offset(layer); }
+  const void* k(int64_t layer) const noexcept { return k_.data() + layer_offset(layer); }
+  const void* v(int64_t layer) const noexcept { return v_.data() + layer_offset(layer); }
   int64_t ld() const noexcept { return head_dim_; }
   int64_t head_stride() const noexcept { return capacity_ * head_dim_; }
   int64_t hidden() const noexcept { return hidden_; }
   int64_t heads() const noexcept { return heads_; }
   int64_t layers() const noexcept { return layers_; }
   void advance(int64_t n) noexcept { size_ += n; }
-  // Writes n new positions [size(), size() + n) of `layer` from rows k_rows, v_rows [n, hidden] (heads side by side).
+  // Writes n new positions [size(), size() + n) of `layer` from rows k_rows, v_rows [n, hidden] (heads side by
+  // side); F16 and BF16 round each value to nearest even (a NaN stays a NaN, beyond the range gives infinity).
   void store(int64_t layer, const float* k_rows, const float* v_rows, int64_t n) noexcept {
-    float* kl = k(layer);
-    float* vl = v(layer);
+    const auto f16 = [](float x) { return detail::f32_to_f16(x); };
+    const auto bf16 = [](float x) { return detail::f32_to_bf16(x); };
+    switch (type_) {
+      case dtype::F16: return store_as<uint16_t>(layer, k_rows, v_rows, n, f16);
+      case dtype::BF16: return store_as<uint16_t>(layer, k_rows, v_rows, n, bf16);
+      default: return store_as<float>(layer, k_rows, v_rows, n, [](float x) { return x; });
+    }
+  }
+
+ private:
+  size_t layer_offset(int64_t layer) const noexcept {
+    return size_t(layer) * size_t(capacity_) * size_t(hidden_) * esize_;
+  }
+  template <class E, class Round>
+  void store_as(int64_t layer, const float* k_rows, const float* v_rows, int64_t n, Round round) noexcept {
+    E* kl = static_cast<E*>(k(layer));
+    E* vl = static_cast<E*>(v(layer));
     const int64_t hs = head_stride();
     for (int64_t j = 0; j < n; ++j)
       for (int64_t h = 0; h < heads_; ++h) {
         const size_t src = size_t(j * hidden_ + h * head_dim_), dst = size_t(h * hs + (size_ + j) * head_dim_);
-        std::copy(k_rows + src, k_rows + src + head_dim_, kl + dst);
-        std::copy(v_rows + src, v_rows + src + head_dim_, vl + dst);
+        std::transform(k_rows + src, k_rows + src + head_dim_, kl + dst, round);
+        std::transform(v_rows + src, v_rows + src + head_dim_, vl + dst, round);
       }
   }
 
- private:
   int64_t layers_ = 0, hidden_ = 0, heads_ = 0, head_dim_ = 0, capacity_ = 0, size_ = 0;
-  ops::aligned_vector<float> k_, v_;  // [layers, heads, capacity, head_dim], 64-byte aligned
+  dtype type_ = dtype::F32;
+  size_t esize_ = 4;
+  ops::aligned_vector<std::byte> k_, v_;  // [layers, heads, capacity, head_dim] elements, 64-byte aligned
 };
 
 // Scratch space for forward passes and the thread pool that runs them. One per calling thread. Buffers grow
@@ -404,9 +452,9 @@ class Model {
         for (size_t ci = 0; ci < chunks.size(); ++ci) {
           const SequenceChunk& ch = chunks[ci];
           if (big(ch))
-            ops::attention(pool, q + row0[ci] * H, ch.cache->size(), ch.n, ch.cache->k(l), ch.cache->v(l),
-                           ch.cache->ld(), ch.cache->head_stride(), nh,
-                           hd, a + row0[ci] * H, ws.scores.data());
+            ops::attention(pool, q + row0[ci] * H, ch.cache->size(), ch.n, ch.cache->type(), ch.cache->k(l),
+                           ch.cache->v(l), ch.cache->ld(), ch.cache->head_stride(), nh, hd, a + row0[ci] * H,
+                           ws.scores.data());
           else
             small_work += ch.n * (ch.cache->size() + ch.n) * H;
         }
@@ -417,9 +465,9 @@ class Model {
             const SequenceChunk& ch = chunks[ci];
             if (big(ch)) continue;
             const int64_t hh = int64_t(u % size_t(nh));
-            ops::attention_rows(q + row0[ci] * H, ch.cache->size(), ch.cache->k(l), ch.cache->v(l), ch.cache->ld(),
-                                ch.cache->head_stride(), nh, hd,
-                                a + row0[ci] * H, H, sc, 0, ch.n, hh, hh + 1);
+            ops::attention_rows(q + row0[ci] * H, ch.cache->size(), ch.cache->type(), ch.cache->k(l),
+                                ch.cache->v(l), ch.cache->ld(), ch.cache->head_stride(), nh, hd, a + row0[ci] * H,
+                                H, sc, 0, ch.n, hh, hh + 1);
           }
         };
         if (small_work >= (int64_t(1) << 16)) pool.parallel_for_t(chunks.size() * size_t(nh), 4, small_units);

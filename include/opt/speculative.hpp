@@ -182,7 +182,8 @@ inline GenerateResult speculative_generate_ids(const Model& model, const std::ve
         throw input_error("generate: prompt " + std::to_string(b) + " token " + std::to_string(j) + " = " +
                           std::to_string(p[j]) + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
                           ")");
-    if (opts.max_new_tokens > 0 && Batch::cache_bytes_for(c, len + opts.max_new_tokens) > opts.max_cache_bytes)
+    if (opts.max_new_tokens > 0 &&
+        Batch::cache_bytes_for(c, len + opts.max_new_tokens, opts.kv_cache) > opts.max_cache_bytes)
       throw limit_error("generate: prompt " + std::to_string(b) + " with max_new_tokens " +
                         std::to_string(opts.max_new_tokens) + " needs more KV cache than the limit of " +
                         std::to_string(opts.max_cache_bytes) + " bytes (GenerateOptions::max_cache_bytes)");
@@ -196,7 +197,7 @@ inline GenerateResult speculative_generate_ids(const Model& model, const std::ve
       res.sequences.push_back(seq), res.new_tokens.push_back(fresh), res.finish_reasons.push_back(why);
       continue;
     }
-    KvCache kv(c, int64_t(seq.size()) + opts.max_new_tokens);
+    KvCache kv(c, int64_t(seq.size()) + opts.max_new_tokens, opts.kv_cache);
     detail::DraftLength dl(so.draft_tokens, so.adaptive);
     bool done = false;
     // emits the token chosen from `logits`; false when the row has finished

@@ -147,6 +147,26 @@ test("opt-generate speculative (--lookup, --draft-self, --draft): the same outpu
   assertFails("generate", [...p, "--draft", path.join(FIX, "opt-tiny-realvocab"), "--draft-tokens", "0"], "", "K = 0");
 });
 
+test("opt-generate --kv-cache: f32 prints the default's bytes; f16 and bf16 stay near the goldens", () => {
+  const c = gcase("opt-tiny-realvocab", "batch_left");
+  const V = c.logits_last.shape[1], want = f32("opt-tiny-realvocab", c.logits_last);
+  const args = ["-m", path.join(FIX, "opt-tiny-realvocab"), "-t", TOKDIR, "-n", "4", "--logits", "--jsonl", "-"];
+  const input = jsonl(c.prompts.map((ids) => ({ ids })));
+  const base = run("generate", args, input).stdout;
+  assert.equal(run("generate", [...args, "--kv-cache", "f32"], input).stdout, base, "--kv-cache f32 is the default");
+  // the logits that chose the first token: the prompt pass reads the rounded cache too (measured: f16 1.4e-3, bf16
+  // 1.1e-2)
+  for (const [kv, tol] of [["f16", 5e-3], ["bf16", 5e-2]]) {
+    const out = lines(run("generate", [...args, "--kv-cache", kv], input).stdout);
+    out.forEach((o, b) => {
+      const d = maxAbsDiff(o.logits, want.subarray(b * V, (b + 1) * V));
+      assert.ok(d <= tol && d > 0, `--kv-cache ${kv} row ${b}: max |logits - golden| = ${d}`);
+    });
+  }
+  const r = assertFails("generate", [...args, "--kv-cache", "f8"], input, "bad --kv-cache");
+  assert.match(r.stderr, /--kv-cache: unknown KV cache type 'f8' \(expected f32, f16 or bf16\)/);
+});
+
 test("opt-tokenize --jsonl: every golden string, with and without BOS", () => {
   const t = JSON.parse(readFileSync(path.join(TOKDIR, "tok_goldens.json"), "utf8"));
   const input = t.encode.map((e) => JSON.stringify(e.text)).join("\n") + "\n";
@@ -263,6 +283,7 @@ test("exit codes: 0 on success (above); on any error exactly one line on stderr 
       ["generate", ["-m", m, "-n", "100", "--jsonl", "-"], '{"ids": [2, 31414]}\n', "past the context"],
       ["generate", ["-m", m, "--jsonl", "/nonexistent.jsonl"], "", "unreadable --jsonl file"],
       ["generate", ["-m", m, "--padding", "middle", "--jsonl", "-"], "", "bad --padding"],
+      ["generate", ["-m", m, "--kv-cache", "int8", "--jsonl", "-"], "", "bad --kv-cache"],
       ["generate", ["-m", m, "--no-such-flag"], "", "unknown flag"],
       ["generate", [], "", "no arguments"],
       ["tokenize", ["-t", TOKDIR, "--jsonl", "-"], "42\n", "not a string"],

@@ -10,7 +10,8 @@
 //   rows r (a panel column), never over k, so the vector width changes how many rows one instruction serves, not
 //   what any row computes.
 // - attention's q·k and sums: 16 logical lanes (lane l takes elements l, l + 16, ...; a partial last chunk
-//   adds +0 products), reduced as lanes (l, l+8), then (l, l+4), (l, l+2), (l, l+1).
+//   adds +0 products), reduced as lanes (l, l+8), then (l, l+4), (l, l+2), (l, l+1). An F16 or BF16 cache is
+//   widened to f32 exactly as it is read; the arithmetic is the F32 cache's.
 // - exp, erf, tanh: the polynomials below, with explicit FMAs; the same on every ISA and in the scalar epilogue.
 // - A product that feeds an addition is either one FMA or passes through Simd::keep / opaque() first, so a
 //   compiler that contracts a * b + c (GCC does, by default, where FMA exists) cannot change a result.
@@ -459,10 +460,34 @@ inline void scale_by(float* s, int64_t n, float c) {
 constexpr int kQB = int(ops::kAttentionScratch), kG = 4;
 constexpr int64_t kKeyChunk = 64;
 
+// The cache's element type T (F32, F16 or BF16): Kv<T>::E is what it stores, load() widens W consecutive elements
+// and one() a single element to f32. Widening is exact, so every operation after it is the f32 kernel's: an F32
+// cache gives the bits it always gave, an F16 or BF16 one the same bits on every ISA.
+template <dtype T>
+struct Kv;
+template <>
+struct Kv<dtype::F32> {
+  using E = float;
+  static V load(const E* p) { return Simd::load(p); }
+  static float one(const E* p) { return *p; }
+};
+template <>
+struct Kv<dtype::F16> {
+  using E = uint16_t;
+  static V load(const E* p) { return Simd::load_f16(p); }
+  static float one(const E* p) { return opt::detail::f16_to_f32(*p); }
+};
+template <>
+struct Kv<dtype::BF16> {
+  using E = uint16_t;
+  static V load(const E* p) { return Simd::load_bf16(p); }
+  static float one(const E* p) { return opt::detail::bf16_to_f32(*p); }
+};
+
 // s[j][t] = q_j · k[t] for NQ queries and keys [t0, t1).
-template <int NQ>
-inline void attention_scores(const float* q, int64_t qstride, int64_t t0, int64_t t1, const float* k, int64_t ld,
-                             int64_t hd, float* const* s) {
+template <dtype T, int NQ>
+inline void attention_scores(const float* q, int64_t qstride, int64_t t0, int64_t t1, const typename Kv<T>::E* k,
+                             int64_t ld, int64_t hd, float* const* s) {
   const int64_t full = hd / 16 * 16;
   // q's partial last 16-lane chunk, zero-padded (the padding adds +0 products)
   alignas(64) float qt[NQ][16] = {}, kt[16] = {};
@@ -475,16 +500,16 @@ inline void attention_scores(const float* q, int64_t qstride, int64_t t0, int64_
     for (int j = 0; j < NQ; ++j)
       OPT_K_UNROLL
       for (int c = 0; c < VP; ++c) acc[j][c] = Simd::zero();
-    const float* kr = k + t * ld;
+    const typename Kv<T>::E* kr = k + t * ld;
     for (int64_t d = 0; d < full; d += 16)
       OPT_K_UNROLL
       for (int c = 0; c < VP; ++c) {
-        const V kv = Simd::load(kr + d + c * W);
+        const V kv = Kv<T>::load(kr + d + c * W);
         OPT_K_UNROLL
         for (int j = 0; j < NQ; ++j) acc[j][c] = Simd::fma(Simd::load(q + j * qstride + d + c * W), kv, acc[j][c]);
       }
     if (full < hd) {
-      for (int64_t e = 0; full + e < hd; ++e) kt[e] = kr[full + e];
+      for (int64_t e = 0; full + e < hd; ++e) kt[e] = Kv<T>::one(kr + full + e);
       OPT_K_UNROLL
       for (int c = 0; c < VP; ++c) {
         const V kv = Simd::load(kt + c * W);
@@ -506,9 +531,9 @@ inline void attention_scores(const float* q, int64_t qstride, int64_t t0, int64_
 
 // out[j][d + e], e < DC * 16, of NQ queries: the chain over keys t in [t0, t1) with t < len[j], continued from out
 // when t0 > 0 (from +0 otherwise).
-template <int NQ, int DC>
-inline void attention_pv(float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v, int64_t ld,
-                         int64_t d, float* out, int64_t ostride) {
+template <dtype T, int NQ, int DC>
+inline void attention_pv(float* const* s, const int64_t* len, int64_t t0, int64_t t1, const typename Kv<T>::E* v,
+                         int64_t ld, int64_t d, float* out, int64_t ostride) {
   V acc[NQ][DC * VP];
   OPT_K_UNROLL
   for (int j = 0; j < NQ; ++j)
@@ -517,22 +542,22 @@ inline void attention_pv(float* const* s, const int64_t* len, int64_t t0, int64_
   // keys every query sees, then those only the later queries see
   const int64_t all = std::min(t1, len[0]);
   for (int64_t t = t0; t < all; ++t) {
-    const float* vr = v + t * ld + d;
+    const typename Kv<T>::E* vr = v + t * ld + d;
     OPT_K_UNROLL
     for (int j = 0; j < NQ; ++j) {
       const V pt = Simd::set1(s[j][t]);
       OPT_K_UNROLL
-      for (int c = 0; c < DC * VP; ++c) acc[j][c] = Simd::fma(pt, Simd::load(vr + c * W), acc[j][c]);
+      for (int c = 0; c < DC * VP; ++c) acc[j][c] = Simd::fma(pt, Kv<T>::load(vr + c * W), acc[j][c]);
     }
   }
   for (int64_t t = std::max(t0, all); t < std::min(t1, len[NQ - 1]); ++t) {
-    const float* vr = v + t * ld + d;
+    const typename Kv<T>::E* vr = v + t * ld + d;
     OPT_K_UNROLL
     for (int j = 1; j < NQ; ++j)
       if (t < len[j]) {
         const V pt = Simd::set1(s[j][t]);
         OPT_K_UNROLL
-        for (int c = 0; c < DC * VP; ++c) acc[j][c] = Simd::fma(pt, Simd::load(vr + c * W), acc[j][c]);
+        for (int c = 0; c < DC * VP; ++c) acc[j][c] = Simd::fma(pt, Kv<T>::load(vr + c * W), acc[j][c]);
       }
   }
   OPT_K_UNROLL
@@ -553,38 +578,41 @@ constexpr int pv_dc(int ng) {
 
 // dc chunks from d: one pass of pv_dc(NQ) chunks, or (a head's last few chunks) passes of one chunk each; two
 // shapes per group size keep the template instances (and a consumer's compile time) few.
-template <int NQ>
-inline int attention_pv_dc(int dc, float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v,
-                           int64_t ld, int64_t d, float* out, int64_t ostride) {
+template <dtype T, int NQ>
+inline int attention_pv_dc(int dc, float* const* s, const int64_t* len, int64_t t0, int64_t t1,
+                           const typename Kv<T>::E* v, int64_t ld, int64_t d, float* out, int64_t ostride) {
   constexpr int DC = pv_dc(NQ);
   if (DC > 1 && dc == DC) {
-    attention_pv<NQ, DC>(s, len, t0, t1, v, ld, d, out, ostride);
+    attention_pv<T, NQ, DC>(s, len, t0, t1, v, ld, d, out, ostride);
     return DC;
   }
-  attention_pv<NQ, 1>(s, len, t0, t1, v, ld, d, out, ostride);
+  attention_pv<T, NQ, 1>(s, len, t0, t1, v, ld, d, out, ostride);
   return 1;
 }
 
 // ng <= kPvG queries over keys [t0, t1), all whole 16-output chunks of the head.
-inline void attention_pv_group(int ng, float* const* s, const int64_t* len, int64_t t0, int64_t t1, const float* v,
-                               int64_t ld, int64_t hd, float* out, int64_t ostride) {
+template <dtype T>
+inline void attention_pv_group(int ng, float* const* s, const int64_t* len, int64_t t0, int64_t t1,
+                               const typename Kv<T>::E* v, int64_t ld, int64_t hd, float* out, int64_t ostride) {
   static_assert(kPvG >= 1 && kPvG <= 4, "value-pass groups of 1..4 queries");
   for (int64_t d = 0; d + 16 <= hd;) {
     const int dc = int(std::min<int64_t>(pv_dc(ng), (hd - d) / 16));
     int done = 1;
     switch (ng) {
-      case 1: done = attention_pv_dc<1>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 2: if constexpr (kPvG >= 2) done = attention_pv_dc<2>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
-      case 3: if constexpr (kPvG >= 3) done = attention_pv_dc<3>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
-      default: if constexpr (kPvG >= 4) done = attention_pv_dc<4>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 1: done = attention_pv_dc<T, 1>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 2: if constexpr (kPvG >= 2) done = attention_pv_dc<T, 2>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      case 3: if constexpr (kPvG >= 3) done = attention_pv_dc<T, 3>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
+      default: if constexpr (kPvG >= 4) done = attention_pv_dc<T, 4>(dc, s, len, t0, t1, v, ld, d, out, ostride); break;
     }
     d += 16 * done;
   }
 }
 
 // scores: kQB rows of (len0 + nq - 1) floats.
-inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len0, const float* k, const float* v,
-                            int64_t ld, int64_t hd, float* out, int64_t ostride, float* scores) {
+template <dtype T>
+inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len0, const typename Kv<T>::E* k,
+                            const typename Kv<T>::E* v, int64_t ld, int64_t hd, float* out, int64_t ostride,
+                            float* scores) {
   const int64_t len_max = len0 + nq - 1;
   float* s[kQB];
   int64_t len[kQB];
@@ -596,10 +624,10 @@ inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len
     for (int g = 0; g < nq; g += kG) {
       const float* qg = q + g * qstride;
       switch (std::min(kG, nq - g)) {
-        case 1: attention_scores<1>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
-        case 2: attention_scores<2>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
-        case 3: attention_scores<3>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
-        default: attention_scores<4>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
+        case 1: attention_scores<T, 1>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
+        case 2: attention_scores<T, 2>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
+        case 3: attention_scores<T, 3>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
+        default: attention_scores<T, 4>(qg, qstride, t0, t1, k, ld, hd, s + g); break;
       }
     }
   }
@@ -612,30 +640,48 @@ inline void attention_block(const float* q, int64_t qstride, int nq, int64_t len
   for (int64_t t0 = 0; t0 < len_max; t0 += kKeyChunk) {
     const int64_t t1 = std::min(len_max, t0 + kKeyChunk);
     for (int g = 0; g < nq; g += kPvG)
-      attention_pv_group(std::min(kPvG, nq - g), s + g, len + g, t0, t1, v, ld, hd, out + g * ostride, ostride);
+      attention_pv_group<T>(std::min(kPvG, nq - g), s + g, len + g, t0, t1, v, ld, hd, out + g * ostride, ostride);
   }
   for (int64_t d = hd / 16 * 16; d < hd; ++d)
     for (int j = 0; j < nq; ++j) {
       float acc = 0.0f;
-      for (int64_t t = 0; t < len[j]; ++t) acc = std::fma(s[j][t], v[t * ld + d], acc);
+      for (int64_t t = 0; t < len[j]; ++t) acc = std::fma(s[j][t], Kv<T>::one(v + t * ld + d), acc);
       out[j * ostride + d] = acc;
     }
 }
 
 // Causal attention of tokens [i0, i1) x heads [h0, h1) of n new tokens at positions [past, past + n):
-// q [n, H] already scaled, k/v the cache (position t of head h at t * ld + h * hs), token i sees positions
-// [0, past + i]; out row stride ld_out;
+// q [n, H] already scaled, k/v the cache of element type T (position t of head h at t * ld + h * hs), token i
+// sees positions [0, past + i]; out row stride ld_out;
 // scores: kQB * (past + i1) floats of scratch. Tokens go kQB at a time through attention_block.
-inline void attention(const float* q, int64_t past, const float* k, const float* v, int64_t ld, int64_t hs, int64_t n_heads,
-                      int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0, int64_t i1, int64_t h0,
-                      int64_t h1) {
+template <dtype T>
+inline void attention_t(const float* q, int64_t past, const void* kp, const void* vp, int64_t ld, int64_t hs,
+                        int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
+                        int64_t i1, int64_t h0, int64_t h1) {
+  using E = typename Kv<T>::E;
+  const E* k = static_cast<const E*>(kp);
+  const E* v = static_cast<const E*>(vp);
   const int64_t H = n_heads * head_dim;
   for (int64_t h = h0; h < h1; ++h)
     for (int64_t i = i0; i < i1; i += kQB) {
       const int nq = int(std::min<int64_t>(kQB, i1 - i));
-      attention_block(q + i * H + h * head_dim, H, nq, past + i + 1, k + h * hs, v + h * hs, ld,
-                      head_dim, out + i * ld_out + h * head_dim, ld_out, scores);
+      attention_block<T>(q + i * H + h * head_dim, H, nq, past + i + 1, k + h * hs, v + h * hs, ld, head_dim,
+                         out + i * ld_out + h * head_dim, ld_out, scores);
     }
+}
+
+inline void attention(const float* q, int64_t past, dtype kv, const void* k, const void* v, int64_t ld, int64_t hs,
+                      int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
+                      int64_t i1, int64_t h0, int64_t h1) {
+  switch (kv) {
+    case dtype::F32:
+      return attention_t<dtype::F32>(q, past, k, v, ld, hs, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
+    case dtype::F16:
+      return attention_t<dtype::F16>(q, past, k, v, ld, hs, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
+    case dtype::BF16:
+      return attention_t<dtype::BF16>(q, past, k, v, ld, hs, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
+    default: OPT_DASSERT(false);
+  }
 }
 
 // ---- LayerNorm ----------------------------------------------------------------------------------------------------

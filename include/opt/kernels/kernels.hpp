@@ -1,6 +1,7 @@
 // The kernel API: linear layers over packed weights (F32 / F16 / BF16 / I8), LayerNorm, activations, softmax
-// and causal attention over a KV cache, the int8 quantizer. Knows nothing of OPT or of file formats. Each call
-// runs the ISA chosen by dispatch.hpp; each kernel has a plain Eigen reference in reference.hpp and a test.
+// and causal attention over a KV cache (F32 / F16 / BF16 elements), the int8 quantizer. Knows nothing of OPT or of
+// file formats. Each call runs the ISA chosen by dispatch.hpp; each kernel has a plain Eigen reference in
+// reference.hpp and a test.
 //
 // Determinism: every output is computed by one fixed sequence of IEEE operations that depends only on the
 // problem's sizes: not on the thread count, the batch it is in, the tile it falls in, nor the instruction set
@@ -9,7 +10,9 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
+#include "opt/error.hpp"
 #include "opt/kernels/dispatch.hpp"
 #include "opt/kernels/matrix.hpp"
 #include "opt/kernels/table.hpp"
@@ -56,24 +59,46 @@ inline void activate(activation a, float* x, int64_t n) { kernels::active().acti
 // s[t] = exp(s[t] - mx) for t < n; returns the sum.
 inline float exp_sub_sum(float* s, int64_t n, float mx) { return kernels::active().exp_sub_sum(s, n, mx); }
 
+// The element types an attention cache may hold: F32 (exact), F16 and BF16 (half the bytes; the kernels widen
+// each element exactly to f32 and compute as for F32).
+inline bool attention_cache_type(dtype t) noexcept { return t == dtype::F32 || t == dtype::F16 || t == dtype::BF16; }
+
+namespace detail {
+inline void check_attention_cache_type(dtype t) {
+  if (!attention_cache_type(t))
+    throw input_error(std::string("attention: a cache of ") + to_string(t) + " elements (expected F32, F16 or BF16)");
+}
+}  // namespace detail
+
 // Causal multi-head attention of n new tokens of one sequence at positions [past, past + n).
 //   q   [n, H]            already scaled by head_dim^-0.5 (OPT scales q before QKᵀ)
-//   k,v                   the sequence's cache: position t of head h at t * ld + h * hs (ld = H, hs = head_dim:
-//                         rows of all heads; ld = head_dim, hs = capacity * head_dim: one block per head)
+//   kv                    the element type of k and v: F32, F16 or BF16 (an input_error otherwise)
+//   k,v                   the sequence's cache: position t of head h at element t * ld + h * hs (ld = H,
+//                         hs = head_dim: rows of all heads; ld = head_dim, hs = capacity * head_dim: one block per
+//                         head)
 //   out [n, H]            row stride ld_out
 //   scores: scratch of at least kAttentionScratch * (past + i1) floats
 // Tokens [i0, i1) x heads [h0, h1); token i attends to cache rows [0, past + i].
-inline void attention_rows(const float* q, int64_t past, const float* k, const float* v, int64_t ld,
-                           int64_t hs, int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
+inline void attention_rows(const float* q, int64_t past, dtype kv, const void* k, const void* v, int64_t ld,
+                           int64_t hs, int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores,
+                           int64_t i0, int64_t i1, int64_t h0, int64_t h1) {
+  detail::check_attention_cache_type(kv);
+  kernels::active().attention(q, past, kv, k, v, ld, hs, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
+}
+// The same over an F32 cache.
+inline void attention_rows(const float* q, int64_t past, const float* k, const float* v, int64_t ld, int64_t hs,
+                           int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
                            int64_t i1, int64_t h0, int64_t h1) {
-  kernels::active().attention(q, past, k, v, ld, hs, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
+  attention_rows(q, past, dtype::F32, k, v, ld, hs, n_heads, head_dim, out, ld_out, scores, i0, i1, h0, h1);
 }
 
 // The same for all n tokens and heads, split over (head, block of kAttentionScratch tokens) units: each unit is
 // computed whole by one thread, a thread walking the tokens of one head (whose key/value columns stay in its cache).
 // scores: kAttentionScratch * (past + n) floats per pool thread.
-inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n, const float* k, const float* v,
-                      int64_t ld, int64_t hs, int64_t n_heads, int64_t head_dim, float* out, float* scores) {
+inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n, dtype kv, const void* k,
+                      const void* v, int64_t ld, int64_t hs, int64_t n_heads, int64_t head_dim, float* out,
+                      float* scores) {
+  detail::check_attention_cache_type(kv);
   const kernels::Table& kt = kernels::active();
   constexpr int64_t B = kAttentionScratch;
   const int64_t H = n_heads * head_dim, len_max = past + n, blocks = (n + B - 1) / B;
@@ -81,9 +106,14 @@ inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n,
     float* sc = scores + t * size_t(B * len_max);
     for (size_t p = b; p < e; ++p) {
       const int64_t hh = int64_t(p) / blocks, i = (int64_t(p) % blocks) * B;
-      kt.attention(q, past, k, v, ld, hs, n_heads, head_dim, out, H, sc, i, std::min(n, i + B), hh, hh + 1);
+      kt.attention(q, past, kv, k, v, ld, hs, n_heads, head_dim, out, H, sc, i, std::min(n, i + B), hh, hh + 1);
     }
   });
+}
+// The same over an F32 cache.
+inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n, const float* k, const float* v,
+                      int64_t ld, int64_t hs, int64_t n_heads, int64_t head_dim, float* out, float* scores) {
+  attention(pool, q, past, n, dtype::F32, k, v, ld, hs, n_heads, head_dim, out, scores);
 }
 
 // int8 quantization of a row-major f32 [rows, cols] matrix, rows [r0, r1): see quantize.hpp.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "opt/detail/fp16.hpp"
 #include "opt/kernels/table.hpp"
 
 OPT_NAMESPACE_BEGIN

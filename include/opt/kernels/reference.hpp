@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "opt/detail/fp16.hpp"
 #include "opt/dtype.hpp"
@@ -109,6 +110,20 @@ inline void attention(const float* q, int64_t past, int64_t n, const float* k, c
     for (int64_t i = 0; i < n; ++i)
       for (int64_t d = 0; d < head_dim; ++d) out[i * H + h * head_dim + d] = float(O(i, d));
   }
+}
+
+// The same over a cache of F32, F16 or BF16 elements: each element widened to float, then as above.
+inline void attention(const float* q, int64_t past, int64_t n, dtype kv, const void* k, const void* v, int64_t ld,
+                      int64_t hs, int64_t n_heads, int64_t head_dim, float* out) {
+  // elements [0, extent) cover every position and head the causal pass reads
+  const int64_t extent = (past + n - 1) * ld + (n_heads - 1) * hs + head_dim;
+  const size_t ne = static_cast<size_t>(extent);
+  std::vector<float> kf(ne), vf(ne);
+  for (int64_t i = 0; i < extent; ++i) {
+    kf[size_t(i)] = element(kv, k, extent, 0, i);
+    vf[size_t(i)] = element(kv, v, extent, 0, i);
+  }
+  attention(q, past, n, kf.data(), vf.data(), ld, hs, n_heads, head_dim, out);
 }
 
 }  // namespace ref

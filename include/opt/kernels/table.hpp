@@ -45,10 +45,11 @@ struct Table {
   // y[n, d] = LayerNorm(x) * gamma + beta (gamma/beta may be null).
   void (*layer_norm)(const float* x, int64_t n, int64_t d, const float* gamma, const float* beta, float eps,
                      float* y) = nullptr;
-  // Causal attention of tokens [i0, i1) x heads [h0, h1) (see ops::attention_rows).
-  void (*attention)(const float* q, int64_t past, const float* k, const float* v, int64_t ld, int64_t hs, int64_t n_heads,
-                    int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0, int64_t i1, int64_t h0,
-                    int64_t h1) = nullptr;
+  // Causal attention of tokens [i0, i1) x heads [h0, h1) over a cache of element type kv: F32, F16 or BF16
+  // (see ops::attention_rows).
+  void (*attention)(const float* q, int64_t past, dtype kv, const void* k, const void* v, int64_t ld, int64_t hs,
+                    int64_t n_heads, int64_t head_dim, float* out, int64_t ld_out, float* scores, int64_t i0,
+                    int64_t i1, int64_t h0, int64_t h1) = nullptr;
   // x[i] = act(x[i]) and one value.
   void (*activate)(activation a, float* x, int64_t n) = nullptr;
   float (*activate1)(activation a, float v) = nullptr;
