@@ -9,6 +9,7 @@
 #include <functional>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -26,6 +27,7 @@
 #include "opt/config.hpp"
 #include "opt/error.hpp"
 #include "opt/ops.hpp"
+#include "opt/packed.hpp"
 #include "opt/quantize.hpp"
 #include "opt/pytorch.hpp"
 #include "opt/safetensors.hpp"
@@ -34,7 +36,7 @@
 OPT_NAMESPACE_BEGIN
 
 struct LinearWeights {
-  MatrixRef weight;             // [out_features, in_features] as stored in the checkpoint
+  MatrixRef weight;             // [out_features, in_features] as stored in the checkpoint (none when stored packed)
   PackedMatrix packed;          // the same in the kernels' panel layout (int8 when quantized): what runs
   const float* bias = nullptr;  // [out_features], null when enable_bias is false
 };
@@ -75,6 +77,7 @@ struct TensorSlot {
   std::vector<int64_t> shape;
   MatrixRef* matrix = nullptr;  // 2-D weights stay in their stored dtype (F32/F16/BF16)
   const float** vec = nullptr;  // 1-D parameters are held as float
+  PackedMatrix* packed = nullptr;  // linear weights: their panels (a stored packed folder has only these, packed.hpp)
 };
 
 template <class F>
@@ -83,8 +86,8 @@ void for_each_tensor(const Config& c, ModelWeights& w, F&& visit) {
   visit(TensorSlot{"embed_tokens.weight", {V, E}, &w.embed_tokens, nullptr});
   visit(TensorSlot{"embed_positions.weight", {c.max_position_embeddings + 2, H}, &w.embed_positions, nullptr});
   if (c.has_projections()) {
-    visit(TensorSlot{"project_in.weight", {H, E}, &w.project_in, nullptr});
-    visit(TensorSlot{"project_out.weight", {E, H}, &w.project_out, nullptr});
+    visit(TensorSlot{"project_in.weight", {H, E}, &w.project_in, nullptr, &w.project_in_packed});
+    visit(TensorSlot{"project_out.weight", {E, H}, &w.project_out, nullptr, &w.project_out_packed});
   }
   auto ln = [&](const std::string& name, LayerNormWeights& l) {
     if (!c.layer_norm_elementwise_affine) return;
@@ -92,7 +95,7 @@ void for_each_tensor(const Config& c, ModelWeights& w, F&& visit) {
     visit(TensorSlot{name + ".bias", {H}, nullptr, &l.bias});
   };
   auto lin = [&](const std::string& name, LinearWeights& l, int64_t out, int64_t in) {
-    visit(TensorSlot{name + ".weight", {out, in}, &l.weight, nullptr});
+    visit(TensorSlot{name + ".weight", {out, in}, &l.weight, nullptr, &l.packed});
     if (c.enable_bias) visit(TensorSlot{name + ".bias", {out}, nullptr, &l.bias});
   };
   if (c.has_final_layer_norm()) ln("final_layer_norm", w.final_layer_norm);
@@ -302,6 +305,9 @@ struct LoadOptions {
   bool strict = true;  // unexpected tensors in the checkpoint are an error (else listed in unexpected_tensors())
   // int8: every linear layer's weight becomes int8 with one f32 scale per row and block of columns (weight-only;
   // compute stays f32). Embeddings are kept as stored; see lm_head_int8.
+  // A stored packed folder (packed.hpp) runs as stored and quantizes nothing: none loads it whatever its scheme;
+  // int8 is accepted only when the folder holds exactly what it would make (I8 weights, and the LM head in I8
+  // iff lm_head_int8), else it is a tensor_error saying what the folder holds.
   quantization quantize = quantization::none;
   bool lm_head_int8 = false;  // with quantize = int8, also quantize the tied LM head (a separate int8 copy)
 };
@@ -343,6 +349,16 @@ class Model {
   const std::vector<std::string>& unexpected_tensors() const noexcept { return unexpected_; }
   // The name prefix the checkpoint used: "model.decoder." (transformers) or "decoder." (hub OPT checkpoints).
   const std::string& tensor_prefix() const noexcept { return prefix_; }
+  // The scheme of a stored packed folder (packed.hpp), whose panels run from the file mapping; nullopt otherwise.
+  const std::optional<PackedScheme>& stored_scheme() const noexcept { return scheme_; }
+  // Bytes of weight matrices the model holds in its own memory: panels packed (and quantized) at load, and
+  // tensors copied for alignment. 0 for a stored packed folder read from files: everything runs from the mapping.
+  size_t owned_weight_bytes() const noexcept {
+    size_t n = 0;
+    for (const PackedWeights& p : *packed_) n += p.values.size() + p.scales.size() * sizeof(float);
+    for (const auto& b : *owned_bytes_) n += b.size();
+    return n;
+  }
 
   // Bytes of weights one decode step reads: every linear layer, the projections and the LM head.
   size_t decode_weight_bytes() const noexcept {
@@ -556,10 +572,26 @@ class Model {
       if (f.mapping().first) mappings_.push_back(f.mapping());
     std::string where = ck.files().empty() ? std::string("checkpoint") : ck.files().front().path();
     if (ck.files().size() > 1) where += " (+" + std::to_string(ck.files().size() - 1) + " shards)";
+    scheme_ = stored_scheme_of(ck, opts);
     std::set<std::string> used;
     std::vector<std::string> missing;
+    // A packed weight: its .panels (+ .scales) viewed in place, checked against config.json's shape.
+    auto bind_packed = [&](const std::string& full, dtype t, int64_t block, int64_t rows, int64_t cols) {
+      const TensorView* p = ck.find(packed_panels_name(full));
+      const TensorView* sc = ops::has_scales(t) ? ck.find(packed_scales_name(full)) : nullptr;
+      if (!p) missing.push_back(packed_panels_name(full));
+      if (ops::has_scales(t) && !sc) missing.push_back(packed_scales_name(full));
+      if (!p || (ops::has_scales(t) && !sc)) return PackedMatrix{};
+      used.insert(p->name);
+      if (sc) used.insert(sc->name);
+      return packed_view(full, *p, sc, t, block, rows, cols);
+    };
     for_each_tensor(config_, w_, [&](const TensorSlot& slot) {
       const std::string full = prefix_ + slot.name;
+      if (scheme_ && slot.packed) {
+        *slot.packed = bind_packed(full, scheme_->weight, scheme_->weight_block, slot.shape[0], slot.shape[1]);
+        return;
+      }
       const TensorView* t = ck.find(full);
       if (!t) {
         missing.push_back(full);
@@ -599,6 +631,13 @@ class Model {
       if (missing.size() > 8) list += ", ... (" + std::to_string(missing.size()) + " in all)";
       throw tensor_error(where + ": missing tensor" + (missing.size() > 1 ? "s " : " ") + list);
     }
+    if (scheme_) {
+      w_.lm_head_packed = bind_packed("lm_head.weight", scheme_->lm_head, scheme_->lm_head_block, config_.vocab_size,
+                                      config_.word_embed_proj_dim);
+      if (!w_.lm_head_packed)
+        throw tensor_error(where + ": missing tensor" + (missing.size() > 1 ? "s " : " ") + missing.front() +
+                           (missing.size() > 1 ? ", " + missing.back() : std::string()));
+    }
     // lm_head.weight is tied to embed_tokens (transformers ties it whatever the file holds); accept it if its
     // shape fits, and report everything else.
     for (const TensorView* t : ck.tensors()) {
@@ -618,7 +657,38 @@ class Model {
       throw tensor_error(where + ": unexpected tensor" + (unexpected_.size() > 1 ? "s " : " ") + list +
                          " (not part of an OPT model with this config.json; LoadOptions::strict=false ignores them)");
     }
-    pack_weights(opts);
+    if (!scheme_) pack_weights(opts);
+    else (void)kernels::active();  // OPT_ISA errors surface at load, not inside the first forward pass
+  }
+
+  // The packed scheme every file of ck declares alike (nullopt: none does; a PyTorch checkpoint never does),
+  // checked against what opts asks for.
+  template <class Ckpt>
+  static std::optional<PackedScheme> stored_scheme_of(const Ckpt& ck, const LoadOptions& opts) {
+    std::optional<PackedScheme> s;
+    if constexpr (std::is_base_of_v<detail::ShardSet<SafetensorsFile>, Ckpt>) {
+      const std::string* first = nullptr;
+      for (const auto& f : ck.files()) {
+        const std::optional<PackedScheme> fs = PackedScheme::from_metadata(f.metadata(), f.path());
+        if (first && (fs.has_value() != s.has_value() || (fs && *fs != *s)))
+          throw format_error(f.path() + ": its __metadata__ declares " +
+                             (fs ? "packed " + fs->describe() : "no packing") + ", but " + *first + " declares " +
+                             (s ? "packed " + s->describe() : "no packing"));
+        if (!first) first = &f.path(), s = fs;
+      }
+    }
+    if (s && opts.quantize == quantization::int8) {
+      PackedScheme want = *s;
+      want.weight = dtype::I8, want.weight_block = ops::kQ8Block;
+      if (opts.lm_head_int8) want.lm_head = dtype::I8, want.lm_head_block = ops::kQ8Block;
+      else if (s->lm_head == dtype::I8) want.lm_head = dtype::F32;  // anything but I8: the LM head as embedded
+      if (want != *s)
+        throw tensor_error(ck.files().front().path() + ": holds stored packed " + s->describe() +
+                           ", which LoadOptions::quantize = int8" + (opts.lm_head_int8 ? " with lm_head_int8" : "") +
+                           " would not make; a stored packed folder is not quantized again at load (load it with "
+                           "quantize = none, or convert the original weights)");
+    }
+    return s;
   }
 
   // Repacks every linear weight (and the tied LM head) into the kernels' panel layout, in int8 first with
@@ -686,6 +756,7 @@ class Model {
   std::shared_ptr<std::deque<std::vector<std::byte>>> owned_bytes_ =
       std::make_shared<std::deque<std::vector<std::byte>>>();
   std::vector<std::pair<const std::byte*, size_t>> mappings_;  // the checkpoint's file mappings
+  std::optional<PackedScheme> scheme_;  // a stored packed folder's scheme
 };
 
 OPT_NAMESPACE_END

@@ -349,6 +349,82 @@ inline void write_safetensors_file(const std::filesystem::path& path, const std:
   if (ec) throw io_error(path.string() + ": cannot rename " + tmp.filename().string() + " into place: " + ec.message());
 }
 
+// The checkpoint convert_checkpoint reads (see there): PyTorch or safetensors, and the directory of its side
+// files; fills r.source_format and r.inputs.
+struct ConvertInput {
+  std::optional<PytorchCheckpoint> pt;
+  std::optional<Checkpoint> st;
+  std::filesystem::path dir;
+  std::vector<const TensorView*> tensors() const { return pt ? pt->tensors() : st->tensors(); }
+};
+
+inline ConvertInput open_convert_input(const std::filesystem::path& input, bool verify_crc, ConvertResult& r) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool is_dir = fs::is_directory(input, ec);
+  if (!is_dir && !fs::exists(input, ec)) throw io_error(input.string() + ": no such file or directory");
+  ConvertInput in;
+  in.dir = is_dir ? input : (input.has_parent_path() ? input.parent_path() : fs::path("."));
+
+  PytorchOptions popts;
+  popts.verify_crc = verify_crc;
+  if (is_dir) {
+    if (fs::exists(input / "pytorch_model.bin", ec) || fs::exists(input / "pytorch_model.bin.index.json", ec))
+      in.pt = PytorchCheckpoint::open(input, popts);
+    else if (fs::exists(input / "model.safetensors", ec) || fs::exists(input / "model.safetensors.index.json", ec))
+      in.st = Checkpoint::open(input);
+    else
+      throw io_error(input.string() + ": found none of pytorch_model.bin, pytorch_model.bin.index.json, "
+                                      "model.safetensors, model.safetensors.index.json");
+  } else if (input.extension() == ".safetensors") {
+    in.st = Checkpoint::open(input);
+  } else {
+    in.pt = PytorchCheckpoint::open(input, popts);
+  }
+  if (in.pt) {
+    r.source_format = "pytorch";
+    for (auto& f : in.pt->files()) r.inputs.emplace_back(f.path());
+  } else {
+    r.source_format = "safetensors";
+    for (auto& f : in.st->files()) r.inputs.emplace_back(f.path());
+  }
+  return in;
+}
+
+// Copies the side files (convert_side_files()) of in_dir that exist into output_dir; config.json's "torch_dtype"
+// follows a cast.
+inline void copy_side_files(const std::filesystem::path& in_dir, const std::filesystem::path& output_dir,
+                            const std::optional<dtype>& cast, ConvertResult& r) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const std::string& name : convert_side_files()) {
+    fs::path from = in_dir / name, to = output_dir / name;
+    if (!fs::is_regular_file(from, ec)) continue;
+    if (fs::exists(to, ec) && fs::equivalent(from, to, ec)) continue;  // converting into the input's directory
+    if (name == "config.json" && cast) {
+      // Keep config.json's "torch_dtype" in step with the cast (key order and other values preserved).
+      std::ifstream in(from, std::ios::binary);
+      nlohmann::ordered_json j;
+      try {
+        j = nlohmann::ordered_json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        throw format_error(from.string() + ": malformed JSON: " + e.what());
+      }
+      if (!j.is_object()) throw format_error(from.string() + ": expected a JSON object");
+      j["torch_dtype"] = *cast == dtype::F32 ? "float32" : *cast == dtype::F16 ? "float16" : "bfloat16";
+      std::ofstream out(to, std::ios::binary | std::ios::trunc);
+      out << j.dump(2) << '\n';
+      out.flush();
+      if (!out) throw io_error(to.string() + ": write failed");
+      r.copied.push_back(name);
+      continue;
+    }
+    if (!fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec))
+      throw io_error(to.string() + ": cannot copy " + from.string() + ": " + ec.message());
+    r.copied.push_back(name);
+  }
+}
+
 }  // namespace detail
 
 // Converts the checkpoint at `input` to safetensors in `output_dir` (created if needed).
@@ -367,37 +443,10 @@ inline ConvertResult convert_checkpoint(const std::filesystem::path& input, cons
     throw input_error(std::string("convert: cannot cast to ") + to_string(*opts.cast) + ", expected F32, F16 or BF16");
   ConvertResult r;
   std::error_code ec;
-  const bool is_dir = fs::is_directory(input, ec);
-  if (!is_dir && !fs::exists(input, ec)) throw io_error(input.string() + ": no such file or directory");
-  const fs::path in_dir = is_dir ? input : (input.has_parent_path() ? input.parent_path() : fs::path("."));
-
-  std::optional<PytorchCheckpoint> pt;
-  std::optional<Checkpoint> st;
-  PytorchOptions popts;
-  popts.verify_crc = opts.verify_crc;
-  if (is_dir) {
-    if (fs::exists(input / "pytorch_model.bin", ec) || fs::exists(input / "pytorch_model.bin.index.json", ec))
-      pt = PytorchCheckpoint::open(input, popts);
-    else if (fs::exists(input / "model.safetensors", ec) || fs::exists(input / "model.safetensors.index.json", ec))
-      st = Checkpoint::open(input);
-    else
-      throw io_error(input.string() + ": found none of pytorch_model.bin, pytorch_model.bin.index.json, "
-                                      "model.safetensors, model.safetensors.index.json");
-  } else if (input.extension() == ".safetensors") {
-    st = Checkpoint::open(input);
-  } else {
-    pt = PytorchCheckpoint::open(input, popts);
-  }
-  std::vector<const TensorView*> tensors;
-  if (pt) {
-    r.source_format = "pytorch";
-    tensors = pt->tensors();
-    for (auto& f : pt->files()) r.inputs.emplace_back(f.path());
-  } else {
-    r.source_format = "safetensors";
-    tensors = st->tensors();
-    for (auto& f : st->files()) r.inputs.emplace_back(f.path());
-  }
+  const detail::ConvertInput in = detail::open_convert_input(input, opts.verify_crc, r);
+  const fs::path& in_dir = in.dir;
+  const bool st = in.st.has_value();
+  std::vector<const TensorView*> tensors = in.tensors();
   if (tensors.empty()) throw tensor_error(input.string() + ": the checkpoint holds no tensors");
 
   fs::create_directories(output_dir, ec);
@@ -444,32 +493,7 @@ inline ConvertResult convert_checkpoint(const std::filesystem::path& input, cons
     if (fs::exists(single, ec)) fs::remove(single, ec);
   }
 
-  for (const std::string& name : convert_side_files()) {
-    fs::path from = in_dir / name, to = output_dir / name;
-    if (!fs::is_regular_file(from, ec)) continue;
-    if (fs::exists(to, ec) && fs::equivalent(from, to, ec)) continue;  // converting into the input's directory
-    if (name == "config.json" && opts.cast) {
-      // Keep config.json's "torch_dtype" in step with the cast (key order and other values preserved).
-      std::ifstream in(from, std::ios::binary);
-      nlohmann::ordered_json j;
-      try {
-        j = nlohmann::ordered_json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        throw format_error(from.string() + ": malformed JSON: " + e.what());
-      }
-      if (!j.is_object()) throw format_error(from.string() + ": expected a JSON object");
-      j["torch_dtype"] = *opts.cast == dtype::F32 ? "float32" : *opts.cast == dtype::F16 ? "float16" : "bfloat16";
-      std::ofstream out(to, std::ios::binary | std::ios::trunc);
-      out << j.dump(2) << '\n';
-      out.flush();
-      if (!out) throw io_error(to.string() + ": write failed");
-      r.copied.push_back(name);
-      continue;
-    }
-    if (!fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec))
-      throw io_error(to.string() + ": cannot copy " + from.string() + ": " + ec.message());
-    r.copied.push_back(name);
-  }
+  detail::copy_side_files(in_dir, output_dir, opts.cast, r);
   return r;
 }
 

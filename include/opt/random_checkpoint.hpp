@@ -1,7 +1,7 @@
 // Random-weight OPT checkpoints (config.json + safetensors, sharded like the hub's) of any shape, for benchmarks
 // and tests that must run without a download. The weights are deterministic for a given seed; every tensor is
 // random (biases and LayerNorm parameters too), with magnitudes like a trained OPT (weights ~ U(-a, a), std
-// 0.02-ish).
+// 0.02-ish). Also in the stored packed format (packed.hpp), int8 or float panels, made tensor by tensor.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -13,6 +13,7 @@
 #include "opt/config.hpp"
 #include "opt/detail/fp16.hpp"
 #include "opt/error.hpp"
+#include "opt/packed.hpp"
 #include "opt/safetensors.hpp"
 
 OPT_NAMESPACE_BEGIN
@@ -131,7 +132,13 @@ inline std::vector<RandomTensorSpec> random_checkpoint_tensors(const Config& c) 
 
 // How a random checkpoint is written.
 struct RandomCheckpointOptions {
-  dtype type = dtype::F32;  // F32, F16 or BF16
+  // F32, F16 or BF16; or I8 (I4 once it exists): the stored packed format with the linear weights quantized.
+  dtype type = dtype::F32;
+  // With type I8 / I4: the type of the other tensors and of the LM head's panels. The quantizer reads the weights
+  // rounded to it, so the folder runs to the bits of the float_type folder of the same seed loaded with
+  // LoadOptions::quantize.
+  dtype float_type = dtype::F32;
+  bool packed = false;  // with a float type: the stored packed format, the linear weights in panels of that type
   uint64_t seed = 1;
   // Shards of at most this many bytes of tensor data (a tensor larger than that gets a shard of its own), named
   // model-00001-of-0000N.safetensors and listed by model.safetensors.index.json, as the hub does; a checkpoint
@@ -139,13 +146,75 @@ struct RandomCheckpointOptions {
   uint64_t max_shard_bytes = 5000000000ull;
 };
 
+namespace detail {
+// Tensor i of specs (seed `seed`) as `type` (F32, F16 or BF16): f32 holds the values, h16 their 16-bit forms;
+// returns the bytes.
+inline const void* random_tensor(const RandomTensorSpec& s, size_t i, uint64_t seed, dtype type,
+                                 std::vector<float>& f32, std::vector<uint16_t>& h16) {
+  const size_t n = s.elements();
+  SplitMix rng{seed * 0x100000001b3ull + i};
+  f32.resize(n);
+  // U(-a, a): std a/sqrt(3); 0.035 gives std 0.02 like OPT's init
+  const float a = s.kind == 0 ? 0.035f : 0.02f;
+  for (size_t e = 0; e < n; ++e) f32[e] = (s.kind == 2 ? 1.0f : 0.0f) + a * rng.uniform();
+  if (type == dtype::F32) return f32.data();
+  h16.resize(n);
+  for (size_t e = 0; e < n; ++e) h16[e] = type == dtype::F16 ? f32_to_f16(f32[e]) : f32_to_bf16(f32[e]);
+  return h16.data();
+}
+
+// The packed form of write_random_checkpoint (below): jobs for packed.hpp's writer, one tensor made at a time.
+inline void write_random_packed(const std::filesystem::path& dir, const RandomCheckpointOptions& o,
+                                const std::vector<RandomTensorSpec>& specs) {
+  const bool quantized = ops::has_scales(o.type);
+  const dtype ft = quantized ? o.float_type : o.type;
+  PackedScheme scheme;
+  scheme.weight = o.type;
+  scheme.weight_block = packed_block(o.type, "write_random_checkpoint");
+  scheme.lm_head = ft, scheme.lm_head_block = 0;
+  auto pool = std::make_shared<ThreadPool>();
+  std::vector<WriteJob> jobs;
+  auto pack = [&](size_t i, const std::string& name, dtype to) {
+    const RandomTensorSpec& s = specs[i];
+    jobs.push_back(packed_job(name, to, s.shape[0], s.shape[1], [&s, i, seed = o.seed, ft, to, pool] {
+      std::vector<float> f32;
+      std::vector<uint16_t> h16;
+      const void* data = random_tensor(s, i, seed, ft, f32, h16);
+      return pack_as(MatrixRef{ft, data, s.shape[0], s.shape[1]}, to, pool.get());
+    }));
+  };
+  size_t embed = specs.size();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const RandomTensorSpec& s = specs[i];
+    if (s.name == "model.decoder.embed_tokens.weight") embed = i;
+    if (is_linear_weight(s.name)) {
+      pack(i, s.name, o.type);
+      continue;
+    }
+    WriteJob j;
+    j.tensors.push_back({s.name, ft, s.shape, nullptr});
+    j.produce = [&s, i, seed = o.seed, ft](const std::function<void(const void*, size_t)>& emit) {
+      std::vector<float> f32;
+      std::vector<uint16_t> h16;
+      emit(random_tensor(s, i, seed, ft, f32, h16), s.elements() * dtype_size(ft));
+    };
+    jobs.push_back(std::move(j));
+  }
+  pack(embed, "lm_head.weight", scheme.lm_head);  // the tied head: embed_tokens' values
+  write_jobs(dir, jobs, scheme.metadata(), o.max_shard_bytes);
+}
+}  // namespace detail
+
 // Writes dir/config.json and the safetensors file(s). Streams one tensor at a time: memory use is one tensor (the
-// largest is the embedding table), not the model. Tensor i's values depend only on the seed and i, so the
-// sharding never changes the weights.
+// largest is the embedding table; packed, its float, quantized and packed forms), not the model. Tensor i's
+// values depend only on the seed and i, so the sharding never changes the weights.
 inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, const RandomCheckpointOptions& o) {
-  const dtype type = o.type;
+  const dtype type = ops::has_scales(o.type) ? o.float_type : o.type;
   if (type != dtype::F32 && type != dtype::F16 && type != dtype::BF16)
-    throw input_error("write_random_checkpoint: dtype must be F32, F16 or BF16");
+    throw input_error(std::string("write_random_checkpoint: dtype must be F32, F16, BF16 or I8 (I4), with a float "
+                                  "type of F32, F16 or BF16; got ") + to_string(o.type) +
+                      (ops::has_scales(o.type) ? std::string(" with ") + to_string(o.float_type) : std::string()));
+  if (ops::has_scales(o.type)) (void)packed_block(o.type, "write_random_checkpoint");
   c.torch_dtype = type == dtype::F32 ? "float32" : type == dtype::F16 ? "float16" : "bfloat16";
   c.validate("write_random_checkpoint");
   std::filesystem::create_directories(dir);
@@ -156,6 +225,7 @@ inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, 
     if (!f) throw io_error((dir / "config.json").string() + ": write failed");
   }
   const std::vector<RandomTensorSpec> specs = random_checkpoint_tensors(c);
+  if (o.packed || ops::has_scales(o.type)) return detail::write_random_packed(dir, o, specs);
   const size_t es = dtype_size(type);
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
@@ -184,21 +254,8 @@ inline void write_random_checkpoint(const std::filesystem::path& dir, Config c, 
     if (!out) throw io_error(path.string() + ": cannot open for writing");
     out.write(header.data(), std::streamsize(header.size()));
     for (size_t i = starts[k]; i < starts[k + 1]; ++i) {
-      const RandomTensorSpec& s = specs[i];
-      const size_t n = s.elements();
-      detail::SplitMix rng{o.seed * 0x100000001b3ull + i};
-      f32.resize(n);
-      // U(-a, a): std a/sqrt(3); 0.035 gives std 0.02 like OPT's init
-      const float a = s.kind == 0 ? 0.035f : 0.02f;
-      for (size_t e = 0; e < n; ++e) f32[e] = (s.kind == 2 ? 1.0f : 0.0f) + a * rng.uniform();
-      if (type == dtype::F32) {
-        out.write(reinterpret_cast<const char*>(f32.data()), std::streamsize(n * 4));
-      } else {
-        h16.resize(n);
-        for (size_t e = 0; e < n; ++e)
-          h16[e] = type == dtype::F16 ? detail::f32_to_f16(f32[e]) : detail::f32_to_bf16(f32[e]);
-        out.write(reinterpret_cast<const char*>(h16.data()), std::streamsize(n * 2));
-      }
+      const void* data = detail::random_tensor(specs[i], i, o.seed, type, f32, h16);
+      out.write(static_cast<const char*>(data), std::streamsize(sizes[i]));
     }
     out.flush();
     if (!out) throw io_error(path.string() + ": write failed");

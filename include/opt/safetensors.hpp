@@ -347,9 +347,10 @@ struct TensorData {
 };
 
 // The header block of a safetensors file holding `tensors` in the given order: the u64 length and the JSON,
-// padded with spaces to a multiple of 8 bytes. The data follows it, tensor after tensor.
+// padded with spaces so the block is a multiple of `align` bytes (8, or 64 so that data a multiple of 64 bytes
+// from the data start is 64-byte aligned in a mapping). The data follows it, tensor after tensor, without holes.
 inline std::string safetensors_header(const std::vector<TensorData>& tensors,
-                                      const std::map<std::string, std::string>& metadata = {}) {
+                                      const std::map<std::string, std::string>& metadata = {}, size_t align = 8) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   size_t off = 0;
@@ -363,7 +364,9 @@ inline std::string safetensors_header(const std::vector<TensorData>& tensors,
     off += n;
   }
   std::string json = h.dump();
-  while (json.size() % 8) json.push_back(' ');
+  if (align < 8 || align % 8) throw input_error("safetensors writer: alignment " + std::to_string(align) +
+                                                " is not a multiple of 8");
+  while ((8 + json.size()) % align) json.push_back(' ');
   std::string out;
   uint64_t n = json.size();
   for (int i = 0; i < 8; ++i) out.push_back(char((n >> (8 * i)) & 0xff));
@@ -422,10 +425,10 @@ inline void write_shard_index(const std::filesystem::path& path, const nlohmann:
   if (!out) throw io_error(path.string() + ": write failed");
 }
 
-// Streams the file to disk without building it in memory.
+// Streams the file to disk without building it in memory (header block padded to a multiple of `align`).
 inline void save_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors,
-                             const std::map<std::string, std::string>& metadata = {}) {
-  std::string header = safetensors_header(tensors, metadata);
+                             const std::map<std::string, std::string>& metadata = {}, size_t align = 8) {
+  std::string header = safetensors_header(tensors, metadata, align);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw io_error(path.string() + ": cannot open for writing");
   out.write(header.data(), std::streamsize(header.size()));

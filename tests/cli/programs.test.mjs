@@ -1,7 +1,8 @@
 // The command-line contracts of README.md ("Command-line programs"), driven as a user drives them and compared
 // with the Hugging Face goldens in ../shared: opt-generate --jsonl (ids / new_ids / text / logits, either padding
 // side), opt-tokenize --jsonl (encode, --no-bos, --decode, --keep-special, --no-cleanup), opt-convert (and
-// --dtype), and the exit-code contract (0 on success; otherwise exactly one line on stderr and a non-zero code).
+// --dtype, --quantize int8, --packed), opt-make-random (and --dtype int8), and the exit-code contract (0 on
+// success; otherwise exactly one line on stderr and a non-zero code).
 // Run by ctest (tests/CMakeLists.txt) with OPT_GENERATE, OPT_TOKENIZE, OPT_CONVERT, OPT_MAKE_RANDOM = the programs.
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -207,12 +208,50 @@ test("opt-tokenize --decode: skip special + cleanup by default, --keep-special, 
   out.forEach((o, i) => assert.deepEqual(o, { text: enc[i].decode_skip_special }, JSON.stringify(enc[i].text)));
 });
 
-function safetensorsDtypes(file) {
+function safetensorsHeader(file) {
   const b = readFileSync(file);
   const n = Number(b.readBigUInt64LE(0));
-  const h = JSON.parse(b.subarray(8, 8 + n).toString("utf8"));
+  return { header: JSON.parse(b.subarray(8, 8 + n).toString("utf8")), dataStart: 8 + n };
+}
+function safetensorsDtypes(file) {
+  const h = safetensorsHeader(file).header;
   return new Set(Object.entries(h).filter(([k]) => k !== "__metadata__").map(([, v]) => v.dtype));
 }
+// The stored packed format (include/opt/packed.hpp) in every shard of `dir`: the scheme in __metadata__, the linear
+// weights as .panels (U8) + .scales (F32, int8 only), each starting 64-byte aligned in the file, and the data without
+// holes (safetensors' rule: the tensors cover the data section exactly); returns the scheme.
+function checkPacked(dir, weightType) {
+  const files = readdirSync(dir).filter((f) => f.endsWith(".safetensors"));
+  assert.ok(files.length >= 1);
+  let scheme = null;
+  for (const f of files) {
+    const { header, dataStart } = safetensorsHeader(path.join(dir, f));
+    const md = header.__metadata__;
+    assert.equal(md["opt.format"], "packed", f);
+    assert.equal(md["opt.format_version"], "1", f);
+    assert.equal(md["opt.panel_rows"], "16", f);
+    assert.equal(md["opt.weight_type"], weightType, f);
+    scheme ??= md;
+    assert.deepEqual(md, scheme, `${f}: the same scheme in every shard`);
+    for (const [name, t] of Object.entries(header)) {
+      if (name === "__metadata__") continue;
+      assert.ok(!/(q_proj|k_proj|v_proj|out_proj|fc1|fc2)\.weight$/.test(name), `${name}: stored plain`);
+      if (name.endsWith(".panels")) assert.equal(t.dtype, "U8", name);
+      if (name.endsWith(".scales")) assert.equal(t.dtype, "F32", name);
+      if (/\.(panels|scales)$/.test(name)) assert.equal((dataStart + t.data_offsets[0]) % 64, 0, `${name} aligned`);
+    }
+    const spans = Object.entries(header).filter(([k]) => k !== "__metadata__").map(([, t]) => t.data_offsets)
+      .sort((a, b) => a[0] - b[0]);
+    let end = 0;
+    for (const [b, e] of spans) {
+      assert.equal(b, end, `${f}: a hole or overlap at ${end}`);
+      end = e;
+    }
+    assert.equal(dataStart + end, statSync(path.join(dir, f)).size, `${f}: data ends with the file`);
+  }
+  return scheme;
+}
+const idsOf = (c) => jsonl(c.prompts.map((ids) => ({ ids })));
 
 test("opt-convert: pytorch_model.bin -> safetensors (as stored, --dtype f32/bf16) that load to the goldens", () => {
   const hub = path.join(FIX, "opt-tiny-preln-hubstyle");
@@ -239,6 +278,72 @@ test("opt-convert: pytorch_model.bin -> safetensors (as stored, --dtype f32/bf16
       });
       assert.equal(out.length, B);
     }
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+test("opt-convert --quantize int8 / --packed: the stored packed format, the bits of quantizing at load / of the input", () => {
+  const hub = path.join(FIX, "opt-tiny-preln-hubstyle");
+  const c = gcase("opt-tiny-preln-hubstyle", "batch_left"), n = String(c.generate.max_new_tokens);
+  const gen = (m, extra = []) => lines(run("generate", ["-m", m, "-n", n, "--logits", ...extra, "--jsonl", "-"], idsOf(c)).stdout);
+  const tmp = mkdtempSync(path.join(OUT, "opt-convert-packed-"));
+  try {
+    // pytorch_model.bin in; sharded int8 out (as Model::load reads any of them), against --quantize int8 at load
+    const q = path.join(tmp, "int8");
+    const r = run("convert", [hub, q, "--quantize", "int8", "--max-shard-size", "20KB"]);
+    assert.match(r.stdout, /read \d+ tensors \(pytorch\)/);
+    assert.ok(existsSync(path.join(q, "model.safetensors.index.json")) && existsSync(path.join(q, "config.json")));
+    const scheme = checkPacked(q, "I8");
+    assert.equal(scheme["opt.weight_block"], "128");
+    assert.equal(scheme["opt.lm_head_type"], "F16");  // the LM head as stored (the hub's F16), packed
+    const want = gen(hub, ["--quantize", "int8"]);
+    assert.deepEqual(gen(q), want, "stored int8 = quantized at load");
+    assert.deepEqual(gen(q, ["--quantize", "int8"]), want, "--quantize int8 on an int8 folder: the same");
+    // --lm-head-int8, from a safetensors folder, one file
+    const q8 = path.join(tmp, "int8-lm");
+    run("convert", [path.join(FIX, "opt-tiny-preln"), q8, "--quantize", "int8", "--lm-head-int8"]);
+    assert.ok(existsSync(path.join(q8, "model.safetensors")));
+    assert.equal(checkPacked(q8, "I8")["opt.lm_head_type"], "I8");
+    const g2 = (m, extra) => lines(run("generate", ["-m", m, "-n", "3", "--logits", ...extra, "--jsonl", "-"],
+                                       idsOf(gcase("opt-tiny-preln", "batch_left"))).stdout);
+    assert.deepEqual(g2(q8, []), g2(path.join(FIX, "opt-tiny-preln"), ["--quantize", "int8", "--lm-head-int8"]));
+    // float panels: the bits of the normal load; --dtype bf16 --packed those of --dtype bf16
+    const p = path.join(tmp, "packed");
+    run("convert", [hub, p, "--packed"]);
+    checkPacked(p, "F16");
+    assert.deepEqual(gen(p), gen(hub));
+    const pb = path.join(tmp, "packed-bf16"), b = path.join(tmp, "bf16");
+    run("convert", [hub, pb, "--packed", "--dtype", "bf16"]);
+    run("convert", [hub, b, "--dtype", "bf16"]);
+    checkPacked(pb, "BF16");
+    assert.deepEqual(gen(pb), gen(b));
+    // a stored float folder is not quantized again at load
+    const f = assertFails("generate", ["-m", p, "--quantize", "int8", "--jsonl", "-"], idsOf(c), "--quantize int8 on F16 panels");
+    assert.match(f.stderr, /stored packed weights F16/);
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+test("opt-make-random --dtype int8: the stored format shard by shard, the bits of --dtype bf16 quantized at load", () => {
+  const tmp = mkdtempSync(path.join(OUT, "opt-random-int8-"));
+  try {
+    const q = path.join(tmp, "int8"), b = path.join(tmp, "bf16");
+    run("make_random", [q, "--model", "125m", "--dtype", "int8", "--float-dtype", "bf16", "--max-shard-size", "100MB"]);
+    run("make_random", [b, "--model", "125m", "--dtype", "bf16"]);
+    const scheme = checkPacked(q, "I8");
+    assert.equal(scheme["opt.lm_head_type"], "BF16");
+    const index = JSON.parse(readFileSync(path.join(q, "model.safetensors.index.json"), "utf8"));
+    const shards = [...new Set(Object.values(index.weight_map))];
+    assert.ok(shards.length >= 3, `${shards.length} shards`);
+    for (const s of shards) assert.ok(statSync(path.join(q, s)).size <= 100e6 + 64 * 1024, `${s} within 100MB`);
+    assert.ok(index.weight_map["model.decoder.layers.11.fc2.weight.scales"]);
+    assert.ok(index.weight_map["lm_head.weight.panels"]);
+    const input = jsonl([{ ids: [2, 100, 200] }, { ids: [2, 5] }]);
+    const a = lines(run("generate", ["-m", q, "-n", "3", "--logits", "--jsonl", "-"], input).stdout);
+    const w = lines(run("generate", ["-m", b, "-n", "3", "--logits", "--quantize", "int8", "--jsonl", "-"], input).stdout);
+    assert.deepEqual(a, w);
   } finally {
     rmSync(tmp, { recursive: true, force: true });
   }
@@ -300,6 +405,13 @@ test("exit codes: 0 on success (above); on any error exactly one line on stderr 
       ["make_random", [path.join(tmp, "r1"), "--model", "opt-7b"], "", "unknown --model"],
       ["make_random", [path.join(tmp, "r2"), "--dtype", "int3"], "", "bad --dtype"],
       ["make_random", [path.join(tmp, "r3"), "--max-shard-size", "lots"], "", "bad --max-shard-size"],
+      ["make_random", [path.join(tmp, "r4"), "--dtype", "int8", "--float-dtype", "i8"], "", "bad --float-dtype"],
+      ["make_random", [path.join(tmp, "r5"), "--dtype", "int4"], "", "int4 (no quantize_int4 yet)"],
+      ["convert", [path.join(FIX, "opt-tiny-preln"), path.join(tmp, "o5"), "--quantize", "int3"], "", "bad --quantize"],
+      ["convert", [path.join(FIX, "opt-tiny-preln"), path.join(tmp, "o6"), "--quantize", "int4"], "",
+       "int4 (no quantize_int4 yet)"],
+      ["convert", [path.join(FIX, "opt-tiny-preln"), path.join(tmp, "o7"), "--lm-head-int8"], "",
+       "--lm-head-int8 without the packed format"],
       ["make_random", [], "", "no folder"],
     ];
     for (const [prog, args, input, what] of cases) assertFails(prog, args, input, `${prog}: ${what}`);
