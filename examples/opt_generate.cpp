@@ -200,9 +200,11 @@ int main(int argc, char** argv) {
   app.add_option("--repeat-penalty", a.sampling.repetition_penalty, "repetition penalty (1: off)");
   app.add_option("--stop", a.stop, "stop string (repeatable); never printed");
   app.add_option("--threads", a.threads, "threads (default: all cores)");
-  app.add_option("--quantize", a.quantize, "weights in memory: none (as stored) or int8 (weight-only, per-block scales)")
-      ->check(CLI::IsMember({"none", "int8"}));
+  app.add_option("--quantize", a.quantize,
+                 "weights in memory: none (as stored), int8 or int4 (weight-only, per-block scales)")
+      ->check(CLI::IsMember({"none", "int8", "int4"}));
   app.add_flag("--lm-head-int8", a.lm_head_int8, "with --quantize int8, quantize the LM head too");
+  app.add_flag("--quantize-lm-head", a.lm_head_int8, "with --quantize int8 or int4, quantize the LM head too");
   app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too");
   app.add_flag("--no-stream", a.no_stream, "-p: print the answer at the end instead of streaming it");
   try {
@@ -219,8 +221,10 @@ int main(int argc, char** argv) {
     if (a.jsonl.empty() && a.prompts.empty()) throw opt::input_error("give -p PROMPT or --jsonl FILE|-");
     Clock::time_point t0 = Clock::now();
     opt::LoadOptions lo;
-    lo.quantize = a.quantize == "int8" ? opt::quantization::int8 : opt::quantization::none;
-    lo.lm_head_int8 = a.lm_head_int8;
+    lo.quantize = a.quantize == "int8"   ? opt::quantization::int8
+                  : a.quantize == "int4" ? opt::quantization::int4
+                                         : opt::quantization::none;
+    lo.quantize_lm_head = a.lm_head_int8;  // either flag (--lm-head-int8 is the older name)
     opt::Model model = opt::Model::load(a.model, lo);
     std::optional<opt::Tokenizer> tok = load_tokenizer(a);
     const double load_s = seconds(t0, Clock::now());
