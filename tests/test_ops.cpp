@@ -247,6 +247,11 @@ TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
       opt::ops::quantize_rows_i4(w.data(), K, bl, 0, R, q.data(), sc.data());
       put(sc);
       for (uint8_t c : q) all.push_back(float(c));
+      // an odd block size: blocks that share a byte
+      std::vector<float> sc7(size_t(R * ((K + 6) / 7)));
+      opt::ops::quantize_rows_i4(w.data(), K, 7, 0, R, q.data(), sc7.data());
+      put(sc7);
+      for (uint8_t c : q) all.push_back(float(c));
     }
     return all;
   };

@@ -721,20 +721,29 @@ inline void quantize_rows_i4(const float* w, int64_t cols, int64_t block, int64_
     for (int64_t c = 0; c < rb; ++c) qr[c] = 0x88;  // q = 0 (the odd last column's high nibble stays so)
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t k0 = b * block, k1 = std::min(cols, k0 + block);
-      float mx = 0, ext = 0;
+      float mx = 0;
       for (int64_t k = k0; k < k1; ++k) {
         const float a = std::fabs(row[k]);
-        if (a > mx) mx = a, ext = row[k];
+        mx = a > mx ? a : mx;
       }
+      float ext = 0;
+      for (int64_t k = k0; k < k1 && mx > 0; ++k)
+        if (std::fabs(row[k]) == mx) {
+          ext = row[k];
+          break;
+        }
       const float s = mx > 0 ? ext / -8.0f : 1.0f;
       const float inv = 1.0f / s;
       scale[r * nb + b] = s;
-      for (int64_t k = k0; k < k1; ++k) {
-        const float v = std::nearbyint(row[k] * inv);
-        const int n = int(v < -8.0f ? -8.0f : v > 7.0f ? 7.0f : v) + 8;
-        const int sh = 4 * int(k % 2);
-        qr[k / 2] = uint8_t((qr[k / 2] & ~(15 << sh)) | (n << sh));
-      }
+      auto code = [inv](float x) {
+        const float v = std::nearbyint(x * inv);
+        return unsigned(int(v < -8.0f ? -8.0f : v > 7.0f ? 7.0f : v) + 8);
+      };
+      // whole bytes, and a block's half-used first / last byte (odd block sizes, the odd last column)
+      int64_t k = k0;
+      if (k < k1 && k % 2 == 1) qr[k / 2] = uint8_t((qr[k / 2] & 0x0Fu) | code(row[k]) << 4), ++k;
+      for (; k + 1 < k1; k += 2) qr[k / 2] = uint8_t(code(row[k]) | code(row[k + 1]) << 4);
+      if (k < k1) qr[k / 2] = uint8_t((qr[k / 2] & 0xF0u) | code(row[k]));
     }
   }
 }
