@@ -51,11 +51,12 @@ opt::dtype dtype_of(int64_t code) {
     case 0: return opt::dtype::F32;
     case 1: return opt::dtype::F16;
     case 2: return opt::dtype::BF16;
-    default: return opt::dtype::I8;
+    case 3: return opt::dtype::I8;
+    default: return opt::dtype::I4;
   }
 }
 
-// Args: {n tokens, out, in, dtype code (0 f32, 1 f16, 2 bf16, 3 int8), threads}
+// Args: {n tokens, out, in, dtype code (0 f32, 1 f16, 2 bf16, 3 int8, 4 int4), threads}
 void BM_Linear(benchmark::State& state) {
   const int64_t n = state.range(0), R = state.range(1), K = state.range(2);
   const opt::dtype t = dtype_of(state.range(3));
@@ -77,17 +78,25 @@ void BM_Linear(benchmark::State& state) {
   state.counters["GFLOPs"] = benchmark::Counter(2.0 * double(n * R * K) * it / 1e9, benchmark::Counter::kIsRate);
   state.SetLabel(std::string(opt::to_string(t)) + " kernels=" + opt::kernels::to_string(opt::kernels::active_isa()));
 }
-// GEMV (decode) per dtype: fc1 [3072, 768], fc2 [768, 3072], LM head [50272, 768]
+// GEMV (decode) per dtype: fc1 [3072, 768], fc2 [768, 3072], LM head [50272, 768]; int4 beside int8 for the LM
+// head, a layer and a batch of 4 tokens
 BENCHMARK(BM_Linear)
-    ->ArgsProduct({{1}, {3072}, {768}, {0, 1, 2, 3}, {1, 2}})
+    ->ArgsProduct({{1}, {3072}, {768}, {0, 1, 2, 3, 4}, {1, 2}})
     ->Args({1, 768, 3072, 0, 2})
     ->Args({1, 50272, 768, 0, 2})
     ->Args({1, 50272, 768, 2, 2})
     ->Args({1, 50272, 768, 3, 2})
     ->Args({1, 50272, 768, 3, 1})
+    ->Args({1, 50272, 768, 4, 2})
+    ->Args({1, 50272, 768, 4, 1})
+    ->Args({1, 768, 3072, 4, 2})
     ->Args({4, 3072, 768, 0, 2})
     ->Args({4, 3072, 768, 3, 2})
     ->Args({4, 3072, 768, 3, 1})
+    ->Args({4, 3072, 768, 4, 2})
+    ->Args({4, 3072, 768, 4, 1})
+    ->Args({4, 50272, 768, 4, 2})
+    ->Args({4, 50272, 768, 3, 2})
     ->ArgsProduct({{2, 3, 4, 5, 6}, {3072}, {768}, {0}, {1}})
     ->Unit(benchmark::kMicrosecond);
 // GEMM (prefill of 512 tokens): q/k/v/out [768, 768], fc1 [3072, 768], fc2 [768, 3072]
@@ -97,6 +106,8 @@ BENCHMARK(BM_Linear)
     ->Args({512, 768, 3072, 0, 2})
     ->Args({512, 3072, 768, 0, 1})
     ->Args({512, 3072, 768, 2, 2})
+    ->Args({512, 3072, 768, 3, 2})
+    ->Args({512, 3072, 768, 4, 2})
     ->Args({512, 3072, 256, 0, 1})
     ->Args({48, 3072, 768, 0, 1})
     ->Unit(benchmark::kMillisecond);

@@ -12,7 +12,7 @@
 //       "logits": [...], the logits that chose the first new token.
 //
 //   Speculative decoding (greedy only; the output is exactly plain decoding's): --draft DIR (a draft model with
-//   the same vocabulary), --draft-self int8 (the model's own weights quantized) or --lookup N (prompt lookup with
+//   the same vocabulary), --draft-self int8|int4 (the model's own weights quantized) or --lookup N (prompt lookup with
 //   n-grams up to N), --draft-tokens K (default 4); --stats adds the acceptance rate and tokens per pass.
 // Exit code 0 on success; on any error one line on stderr and a non-zero exit.
 #include <CLI/CLI.hpp>
@@ -69,7 +69,7 @@ Speculation make_speculation(const Args& a, const opt::Model& model, size_t thre
     sp.name = "draft model " + a.draft;
   } else if (!a.draft_self.empty()) {
     opt::LoadOptions lo;
-    lo.quantize = opt::quantization::int8;
+    lo.quantize = a.draft_self == "int4" ? opt::quantization::int4 : opt::quantization::int8;
     sp.drafter = std::make_unique<opt::ModelDrafter>(opt::Model::load(a.model, lo), threads);
     sp.name = "self draft " + a.draft_self;
   } else if (a.lookup > 0) {
@@ -259,15 +259,17 @@ int main(int argc, char** argv) {
   app.add_option("--repeat-penalty", a.sampling.repetition_penalty, "repetition penalty (1: off)");
   app.add_option("--stop", a.stop, "stop string (repeatable); never printed");
   app.add_option("--threads", a.threads, "threads (default: all cores)");
-  app.add_option("--quantize", a.quantize, "weights in memory: none (as stored) or int8 (weight-only, per-block scales)")
-      ->check(CLI::IsMember({"none", "int8"}));
+  app.add_option("--quantize", a.quantize,
+                 "weights in memory: none (as stored), int8 or int4 (weight-only, per-block scales)")
+      ->check(CLI::IsMember({"none", "int8", "int4"}));
   app.add_flag("--lm-head-int8", a.lm_head_int8, "with --quantize int8, quantize the LM head too");
   app.add_option("--kv-cache", a.kv_cache, "KV cache elements: f32 (default, exact), f16 or bf16 (half the memory)")
       ->check(kv_cache_validator());
+  app.add_flag("--quantize-lm-head", a.lm_head_int8, "with --quantize int8 or int4, quantize the LM head too");
   app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too; with a drafter, its acceptance rate");
   app.add_option("--draft", a.draft, "speculative decoding with this draft model (same vocabulary), greedy only");
   app.add_option("--draft-self", a.draft_self, "speculative decoding with the model's own weights quantized")
-      ->check(CLI::IsMember({"int8"}));
+      ->check(CLI::IsMember({"int8", "int4"}));
   app.add_option("--lookup", a.lookup, "speculative decoding by prompt lookup, n-grams up to N")
       ->check(CLI::Range(int64_t(1), int64_t(16)));
   app.add_option("--draft-tokens", a.draft_tokens, "speculative decoding: the most tokens drafted a pass (default 4)")
@@ -287,8 +289,10 @@ int main(int argc, char** argv) {
     if (a.jsonl.empty() && a.prompts.empty()) throw opt::input_error("give -p PROMPT or --jsonl FILE|-");
     Clock::time_point t0 = Clock::now();
     opt::LoadOptions lo;
-    lo.quantize = a.quantize == "int8" ? opt::quantization::int8 : opt::quantization::none;
-    lo.lm_head_int8 = a.lm_head_int8;
+    lo.quantize = a.quantize == "int8"   ? opt::quantization::int8
+                  : a.quantize == "int4" ? opt::quantization::int4
+                                         : opt::quantization::none;
+    lo.quantize_lm_head = a.lm_head_int8;  // either flag (--lm-head-int8 is the older name)
     opt::Model model = opt::Model::load(a.model, lo);
     std::optional<opt::Tokenizer> tok = load_tokenizer(a);
     const double load_s = seconds(t0, Clock::now());

@@ -1,5 +1,5 @@
-// A weight matrix in a given storage (F32, F16, BF16, or I8 with scales) built from f32 values, plus the f32 values
-// the kernels actually see after rounding or quantization. Shared by tests/test_ops.cpp and bench/bench_ops.cpp.
+// A weight matrix in a given storage (F32, F16, BF16, or I8 / I4 with scales) built from f32 values, plus the f32
+// values the kernels actually see after rounding or quantization. Shared by tests/test_ops.cpp and bench/bench_ops.cpp.
 #pragma once
 #include <cstdint>
 #include <opt/detail/fp16.hpp>
@@ -15,7 +15,7 @@ struct StoredWeights {
   opt::PackedMatrix ref;      // packed.view()
   std::vector<float> f32;  // the values the kernel sees (after rounding/quantization)
   std::vector<uint16_t> h16;
-  opt::QuantizedMatrix q8;
+  opt::QuantizedMatrix q8;  // I8 or I4
 };
 
 inline StoredWeights store_weights(opt::dtype t, int64_t rows, int64_t cols, std::vector<float> values) {
@@ -23,8 +23,9 @@ inline StoredWeights store_weights(opt::dtype t, int64_t rows, int64_t cols, std
   w.f32 = std::move(values);
   if (t == opt::dtype::F32) {
     w.stored = {t, w.f32.data(), rows, cols};
-  } else if (t == opt::dtype::I8) {
-    w.q8 = opt::quantize_int8({opt::dtype::F32, w.f32.data(), rows, cols});
+  } else if (t == opt::dtype::I8 || t == opt::dtype::I4) {
+    const opt::MatrixRef src{opt::dtype::F32, w.f32.data(), rows, cols};
+    w.q8 = t == opt::dtype::I8 ? opt::quantize_int8(src) : opt::quantize_int4(src);
     w.stored = w.q8.ref();
     for (int64_t r = 0; r < rows; ++r) opt::ops::row_to_f32(w.stored, r, w.f32.data() + r * cols);
   } else {

@@ -1,6 +1,6 @@
-// The same bits on every instruction set: each fixture model (f32, f16, bf16 stored; also quantized to int8 at
-// load) runs its golden prompts (prompt pass with every logit, then greedy decode steps) under every ISA this CPU
-// has, and the logits must equal the scalar kernels' bit for bit; so do the greedy ids.
+// The same bits on every instruction set: each fixture model (f32, f16, bf16 stored; also quantized to int8 and
+// to int4 at load) runs its golden prompts (prompt pass with every logit, then greedy decode steps) under every
+// ISA this CPU has, and the logits must equal the scalar kernels' bit for bit; so do the greedy ids.
 //
 // Across machines: OPT_ISA_DIGEST_WRITE=FILE writes one FNV-1a digest of those logits per model and weight type;
 // OPT_ISA_DIGEST_EXPECT=FILE checks this machine's digests against such a file (CI: the aarch64 build under
@@ -70,7 +70,7 @@ struct IsaRestore {
 
 }  // namespace
 
-TEST_CASE("every ISA gives the scalar kernels' bits on every fixture (f32/f16/bf16 weights and int8)") {
+TEST_CASE("every ISA gives the scalar kernels' bits on every fixture (f32/f16/bf16 weights, int8 and int4)") {
   IsaRestore restore;
   const std::vector<opt::kernels::isa> isas = opt::kernels::available_isas();
   MESSAGE("ISAs on this machine: " << opt::kernels::available_isas_string());
@@ -79,15 +79,16 @@ TEST_CASE("every ISA gives the scalar kernels' bits on every fixture (f32/f16/bf
   size_t compared = 0;
   for (const std::string& name : opt_test::fixture_models()) {
     const json goldens = opt_test::read_json(opt_test::fixture_dir(name) / "goldens.json");
-    for (bool q8 : {false, true}) {
-      INFO("model " << name << (q8 ? " (int8)" : ""));
+    for (opt::quantization qm : {opt::quantization::none, opt::quantization::int8, opt::quantization::int4}) {
+      const char* qname = qm == opt::quantization::int8 ? "int8" : qm == opt::quantization::int4 ? "int4" : "";
+      INFO("model " << name << " " << qname);
       opt::LoadOptions lo;
-      if (q8) lo.quantize = opt::quantization::int8, lo.lm_head_int8 = true;
+      lo.quantize = qm, lo.quantize_lm_head = true;
       Run want;
       for (opt::kernels::isa i : isas) {
         INFO("isa " << opt::kernels::to_string(i));
         opt::kernels::set_isa(i);
-        const opt::Model m = opt::Model::load(opt_test::fixture_dir(name), lo);  // the int8 quantizer runs on i too
+        const opt::Model m = opt::Model::load(opt_test::fixture_dir(name), lo);  // the quantizer runs on i too
         for (size_t threads : {size_t(1), size_t(3)}) {
           Run got = run_model(m, goldens, threads);
           REQUIRE(!got.logits.empty());
@@ -102,10 +103,10 @@ TEST_CASE("every ISA gives the scalar kernels' bits on every fixture (f32/f16/bf
           ++compared;
         }
       }
-      digests[name + (q8 ? "/int8" : "/stored")] = fnv1a(want.logits);
+      digests[name + "/" + (*qname ? qname : "stored")] = fnv1a(want.logits);
     }
   }
-  CHECK(compared == (isas.size() * 2 - 1) * opt_test::fixture_models().size() * 2);
+  CHECK(compared == (isas.size() * 2 - 1) * opt_test::fixture_models().size() * 3);
 
   std::ostringstream text;
   for (const auto& [k, h] : digests) text << k << ' ' << std::hex << h << std::dec << '\n';

@@ -57,7 +57,7 @@ W make(opt::dtype t, int64_t rows, int64_t cols, uint32_t seed) {
 TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, tiles and tails, on every ISA") {
   opt::ThreadPool pool2(2), pool3(3);
   for_each_isa([&](opt::kernels::isa) {
-  for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8})
+  for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8, opt::dtype::I4})
     for (int64_t K : {1, 15, 16, 17, 63, 64, 65, 130, 257, 1100, 2061})
       for (int64_t R : {1, 3, 4, 7, 18})
         for (int64_t n : {1, 2, 4, 5, 8, 9, 13, 97, 200}) {
@@ -243,7 +243,7 @@ TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
     const opt::activation acts[] = {opt::activation::relu, opt::activation::gelu, opt::activation::gelu_new,
                                     opt::activation::silu, opt::activation::quick_gelu, opt::activation::tanh,
                                     opt::activation::sigmoid};
-    for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8})
+    for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8, opt::dtype::I4})
       for (int64_t K : {7, 64, 300})
         for (int64_t R : {5, 16, 37})
           for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
@@ -310,6 +310,25 @@ TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
       opt::ops::quantize_rows(w.data(), 300, 128, 0, 7, q.data(), sc.data());
       put(sc);
       for (int8_t c : q) all.push_back(float(c));
+    }
+    // the int4 quantizer: an odd column count (a half-used last byte), a partial last block, an all-zero block,
+    // ties of magnitude (the extreme's opposite, clamped to 7) and exact halves of a step (round to even)
+    {
+      const int64_t R = 7, K = 301, bl = opt::ops::kQ4Block, nb = (K + bl - 1) / bl;
+      std::vector<float> w = randu(size_t(R * K), 12, 0.1f);
+      for (int64_t k = 0; k < bl; ++k) w[size_t(K + k)] = 0.0f;
+      w[size_t(2 * K)] = 0.4f, w[size_t(2 * K + 1)] = -0.4f;
+      w[size_t(2 * K + 2)] = 0.025f, w[size_t(2 * K + 3)] = -0.075f;
+      std::vector<uint8_t> q(size_t(R * ((K + 1) / 2)));
+      std::vector<float> sc(size_t(R * nb));
+      opt::ops::quantize_rows_i4(w.data(), K, bl, 0, R, q.data(), sc.data());
+      put(sc);
+      for (uint8_t c : q) all.push_back(float(c));
+      // an odd block size: blocks that share a byte
+      std::vector<float> sc7(size_t(R * ((K + 6) / 7)));
+      opt::ops::quantize_rows_i4(w.data(), K, 7, 0, R, q.data(), sc7.data());
+      put(sc7);
+      for (uint8_t c : q) all.push_back(float(c));
     }
     return all;
   };

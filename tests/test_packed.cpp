@@ -103,14 +103,15 @@ opt::TensorData* find(std::vector<opt::TensorData>& t, const std::string& name) 
 
 }  // namespace
 
-TEST_CASE("stored int8 (opt-convert --quantize int8) runs to the bits of quantizing at load, on every fixture") {
+TEST_CASE("stored int8 / int4 (opt-convert --quantize) runs to the bits of quantizing at load, on every fixture") {
   for (const std::string& name : opt_test::fixture_models()) {
     INFO(name);
     const fs::path src = opt_test::fixture_dir(name);
+    for (const opt::dtype qt : {opt::dtype::I8, opt::dtype::I4})
     for (bool lm_head_int8 : {false, true}) {
-      INFO("lm_head_int8 " << lm_head_int8);
+      INFO(std::string(opt::to_string(qt)) << " lm_head_int8 " << lm_head_int8);
       opt::LoadOptions lo;
-      lo.quantize = opt::quantization::int8;
+      lo.quantize = qt == opt::dtype::I8 ? opt::quantization::int8 : opt::quantization::int4;
       lo.lm_head_int8 = lm_head_int8;
       const opt::Model at_load = opt::Model::load(src, lo);
       CHECK(at_load.owned_weight_bytes() > 0);
@@ -120,7 +121,7 @@ TEST_CASE("stored int8 (opt-convert --quantize int8) runs to the bits of quantiz
         INFO("max_shard_bytes " << shard);
         const fs::path out = scratch("packed-" + name);
         opt::PackedConvertOptions po;
-        po.quantize = opt::dtype::I8;
+        po.quantize = qt;
         po.lm_head_int8 = lm_head_int8;
         po.max_shard_bytes = shard;
         opt::convert_packed(src, out, po);
@@ -128,8 +129,8 @@ TEST_CASE("stored int8 (opt-convert --quantize int8) runs to the bits of quantiz
         if (shard) CHECK(count_files(out, ".safetensors") > 1);
         const opt::Model stored = opt::Model::load(out);
         check_runs_from_mapping(stored);
-        CHECK(stored.stored_scheme()->weight == opt::dtype::I8);
-        CHECK(stored.stored_scheme()->lm_head == (lm_head_int8 ? opt::dtype::I8 : at_load.weights().embed_tokens.type));
+        CHECK(stored.stored_scheme()->weight == qt);
+        CHECK(stored.stored_scheme()->lm_head == (lm_head_int8 ? qt : at_load.weights().embed_tokens.type));
         CHECK(stored.decode_weight_bytes() == at_load.decode_weight_bytes());
         CHECK(same_bits(logits(stored, name), want));
         // quantize = int8 on a folder that holds what it would make: the same model
@@ -167,7 +168,7 @@ TEST_CASE("stored float panels (opt-convert --packed) run to the bits of the nor
   }
 }
 
-TEST_CASE("random stored int8 / float panels: the bits of the float folder of the same seed, loaded as usual") {
+TEST_CASE("random stored int8 / int4 / float panels: the bits of the float folder of the same seed, loaded as usual") {
   opt::Config base;
   base.vocab_size = 300, base.hidden_size = 64, base.num_hidden_layers = 3, base.ffn_dim = 128;
   base.num_attention_heads = 4, base.word_embed_proj_dim = 32, base.max_position_embeddings = 32;  // projections
@@ -184,10 +185,13 @@ TEST_CASE("random stored int8 / float panels: the bits of the float folder of th
       o.type = ft;
       const fs::path plain = scratch("random-plain");
       opt::write_random_checkpoint(plain, c, o);
+      const std::vector<float> want = logits(opt::Model::load(plain));
+      for (const opt::dtype qt : {opt::dtype::I8, opt::dtype::I4}) {
+      INFO(std::string(opt::to_string(qt)));
       opt::LoadOptions lo;
-      lo.quantize = opt::quantization::int8;
-      const std::vector<float> want_q = logits(opt::Model::load(plain, lo)), want = logits(opt::Model::load(plain));
-      o.type = opt::dtype::I8;
+      lo.quantize = qt == opt::dtype::I8 ? opt::quantization::int8 : opt::quantization::int4;
+      const std::vector<float> want_q = logits(opt::Model::load(plain, lo));
+      o.type = qt;
       o.float_type = ft;
       for (uint64_t shard : {uint64_t(0), uint64_t(30000)}) {
         o.max_shard_bytes = shard;
@@ -198,6 +202,7 @@ TEST_CASE("random stored int8 / float panels: the bits of the float folder of th
         const opt::Model m = opt::Model::load(q);
         check_runs_from_mapping(m);
         CHECK(same_bits(logits(m), want_q));
+      }
       }
       o.type = ft;
       o.packed = true;
@@ -210,10 +215,6 @@ TEST_CASE("random stored int8 / float panels: the bits of the float folder of th
       CHECK(same_bits(logits(m), want));
     }
   }
-  opt::RandomCheckpointOptions o;
-  o.type = opt::dtype::I4;
-  check_throws<opt::input_error>([&] { opt::write_random_checkpoint(scratch("random-int4"), base, o); },
-                                 {"I4", "quantize_int4", "lacks"});
 }
 
 TEST_CASE("stored packed folders that are wrong are opt::errors naming the file, tensor or key") {

@@ -34,7 +34,7 @@ inline const char* to_string(dtype t) noexcept {
   return "?";
 }
 
-inline size_t dtype_size(dtype t) noexcept {
+constexpr size_t dtype_size(dtype t) noexcept {
   switch (t) {
     case dtype::F64: case dtype::I64: case dtype::U64: return 8;
     case dtype::F32: case dtype::I32: case dtype::U32: return 4;

@@ -37,7 +37,7 @@ OPT_NAMESPACE_BEGIN
 
 struct LinearWeights {
   MatrixRef weight;             // [out_features, in_features] as stored in the checkpoint (none when stored packed)
-  PackedMatrix packed;          // the same in the kernels' panel layout (int8 when quantized): what runs
+  PackedMatrix packed;          // the same in the kernels' panel layout (int8 / int4 when quantized): what runs
   const float* bias = nullptr;  // [out_features], null when enable_bias is false
 };
 
@@ -66,7 +66,8 @@ struct ModelWeights {
   PackedMatrix project_in_packed, project_out_packed;  // the two above in panels
   LayerNormWeights final_layer_norm;  // [hidden], only with do_layer_norm_before && !_remove_final_layer_norm
   std::vector<DecoderLayerWeights> layers;
-  PackedMatrix lm_head_packed;        // [vocab, word_embed_proj_dim]: embed_tokens in panels (int8 with lm_head_int8)
+  PackedMatrix lm_head_packed;        // [vocab, word_embed_proj_dim]: embed_tokens in panels (quantized with
+                                      // LoadOptions::quantize_lm_head)
   const PackedMatrix& lm_head() const noexcept { return lm_head_packed; }
 };
 
@@ -299,17 +300,23 @@ struct ForwardOptions {
   std::vector<std::vector<float>>* hidden_states = nullptr;
 };
 
-enum class quantization { none, int8 };
+enum class quantization { none, int8, int4 };
 
 struct LoadOptions {
   bool strict = true;  // unexpected tensors in the checkpoint are an error (else listed in unexpected_tensors())
-  // int8: every linear layer's weight becomes int8 with one f32 scale per row and block of columns (weight-only;
-  // compute stays f32). Embeddings are kept as stored; see lm_head_int8.
+  // int8 / int4: every linear layer's weight becomes int8 / int4 with one f32 scale per row and block of columns
+  // (weight-only; compute stays f32; see quantize.hpp). Embeddings are kept as stored; see quantize_lm_head.
   // A stored packed folder (packed.hpp) runs as stored and quantizes nothing: none loads it whatever its scheme;
-  // int8 is accepted only when the folder holds exactly what it would make (I8 weights, and the LM head in I8
-  // iff lm_head_int8), else it is a tensor_error saying what the folder holds.
+  // int8 / int4 is accepted only when the folder holds exactly what it would make (I8 / I4 weights, and the LM head
+  // in that type iff the LM head is quantized), else it is a tensor_error saying what the folder holds.
   quantization quantize = quantization::none;
-  bool lm_head_int8 = false;  // with quantize = int8, also quantize the tied LM head (a separate int8 copy)
+  // with quantize = int8 or int4, also quantize the tied LM head (a separate copy in that format); lm_head_int8 is
+  // the older name of the same switch (either one set turns it on)
+  bool quantize_lm_head = false;
+  bool lm_head_int8 = false;
+  bool lm_head_quantized() const noexcept {
+    return quantize != quantization::none && (quantize_lm_head || lm_head_int8);
+  }
 };
 
 class Model {
@@ -677,31 +684,36 @@ class Model {
         if (!first) first = &f.path(), s = fs;
       }
     }
-    if (s && opts.quantize == quantization::int8) {
+    if (s && opts.quantize != quantization::none) {
+      const bool q4 = opts.quantize == quantization::int4;
+      const dtype q = q4 ? dtype::I4 : dtype::I8;
+      const int64_t qb = q4 ? ops::kQ4Block : ops::kQ8Block;
       PackedScheme want = *s;
-      want.weight = dtype::I8, want.weight_block = ops::kQ8Block;
-      if (opts.lm_head_int8) want.lm_head = dtype::I8, want.lm_head_block = ops::kQ8Block;
-      else if (s->lm_head == dtype::I8) want.lm_head = dtype::F32;  // anything but I8: the LM head as embedded
+      want.weight = q, want.weight_block = qb;
+      if (opts.lm_head_quantized()) want.lm_head = q, want.lm_head_block = qb;
+      else if (ops::has_scales(s->lm_head)) want.lm_head = dtype::F32;  // anything unquantized: as embedded
       if (want != *s)
         throw tensor_error(ck.files().front().path() + ": holds stored packed " + s->describe() +
-                           ", which LoadOptions::quantize = int8" + (opts.lm_head_int8 ? " with lm_head_int8" : "") +
+                           ", which LoadOptions::quantize = " + (q4 ? "int4" : "int8") +
+                           (opts.lm_head_quantized() ? " with the LM head quantized" : "") +
                            " would not make; a stored packed folder is not quantized again at load (load it with "
                            "quantize = none, or convert the original weights)");
     }
     return s;
   }
 
-  // Repacks every linear weight (and the tied LM head) into the kernels' panel layout, in int8 first with
+  // Repacks every linear weight (and the tied LM head) into the kernels' panel layout, in int8 / int4 first with
   // LoadOptions::quantize, then tells the kernel it may drop the mapped source pages, so RSS holds the packed
   // weights, not both. The embedding keeps its stored rows (the lookup touches only the rows it reads).
   void pack_weights(const LoadOptions& opts) {
     (void)kernels::active();  // OPT_ISA errors surface at load, not inside the first forward pass
     ThreadPool pool;
-    const bool q8 = opts.quantize == quantization::int8;
+    const bool q8 = opts.quantize != quantization::none;
     auto pack = [&](const MatrixRef& m, bool quantize) -> PackedMatrix {
       if (!m.data) return {};
       if (quantize) {
-        const QuantizedMatrix q = quantize_int8(m, &pool);
+        const QuantizedMatrix q =
+            opts.quantize == quantization::int4 ? quantize_int4(m, &pool) : quantize_int8(m, &pool);
         packed_->push_back(ops::pack(q.ref(), &pool));
       } else {  // the source's pages go as their panels are done (the embedding alone is 154 MB at 125m in f32)
         packed_->push_back(ops::pack(m, &pool, [&](int64_t r0, int64_t r1) { release_pages(m, r0, r1); }));
@@ -717,7 +729,7 @@ class Model {
     w_.project_out_packed = pack(w_.project_out, q8);
     release_pages(w_.project_in);
     release_pages(w_.project_out);
-    w_.lm_head_packed = pack(w_.embed_tokens, q8 && opts.lm_head_int8);
+    w_.lm_head_packed = pack(w_.embed_tokens, opts.lm_head_quantized());
     release_pages(w_.embed_tokens);
   }
   // Drops the pages of m's bytes when they lie inside a file mapping of the checkpoint (never heap memory: a

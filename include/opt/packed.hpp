@@ -54,9 +54,7 @@ inline std::optional<int64_t> packed_block_of(dtype t, std::string* why = nullpt
   switch (t) {
     case dtype::F32: case dtype::F16: case dtype::BF16: return 0;
     case dtype::I8: return ops::kQ8Block;
-    case dtype::I4:  // (once quantize_int4 and the int4 kernels exist: return their block)
-      if (why) *why = "I4 (int4) packed weights need quantize_int4 and the int4 kernels, which this build lacks";
-      return std::nullopt;
+    case dtype::I4: return ops::kQ4Block;
     default:
       if (why) *why = std::string(to_string(t)) + " is not a packed weight type (expected F32, F16, BF16, I8 or I4)";
       return std::nullopt;
@@ -181,11 +179,11 @@ inline PackedMatrix packed_view(const std::string& weight, const TensorView& pan
 }
 
 // src (F32, F16 or BF16, row-major) in panels of type `to`: a float type is src's own (the caller casts first),
-// I8 quantizes (quantize_int8, as LoadOptions::quantize does at load) and packs.
+// I8 / I4 quantize (quantize_int8 / quantize_int4, as LoadOptions::quantize does at load) and pack.
 inline PackedWeights pack_as(const MatrixRef& src, dtype to, ThreadPool* pool) {
   (void)packed_block(to, "pack");
   if (to == dtype::I8) return ops::pack(quantize_int8(src, pool).ref(), pool);
-  // (I4, once quantize_int4 exists: return ops::pack(quantize_int4(src, pool).ref(), pool);)
+  if (to == dtype::I4) return ops::pack(quantize_int4(src, pool).ref(), pool);
   if (src.type != to)
     throw input_error(std::string("pack: a ") + to_string(src.type) + " matrix cannot be packed as " + to_string(to) +
                       " (cast it first)");
@@ -309,7 +307,9 @@ struct PackedConvertOptions {
   // The linear weights' packed type: I8 (or I4) quantizes; nullopt keeps their float type (after `cast`), only
   // repacked, which must then be one type for all of them.
   std::optional<dtype> quantize;
-  bool lm_head_int8 = false;   // the LM head in I8, else packed in the embedding's float type (after `cast`)
+  // the LM head quantized too (I4 with quantize = I4, else I8), else packed in the embedding's float type (after
+  // `cast`): what LoadOptions::quantize with quantize_lm_head (lm_head_int8) makes
+  bool lm_head_int8 = false;
   std::optional<dtype> cast;   // every float tensor cast to F32, F16 or BF16 first (quantization reads the cast)
   uint64_t max_shard_bytes = 0;
   bool verify_crc = true;
@@ -392,7 +392,7 @@ inline ConvertResult convert_packed(const std::filesystem::path& input, const st
   PackedScheme scheme;
   scheme.weight = opts.quantize ? *opts.quantize : *linear_type;
   scheme.weight_block = packed_block(scheme.weight, "convert");
-  scheme.lm_head = opts.lm_head_int8 ? dtype::I8 : float_type(*embed);
+  scheme.lm_head = !opts.lm_head_int8 ? float_type(*embed) : opts.quantize == dtype::I4 ? dtype::I4 : dtype::I8;
   scheme.lm_head_block = packed_block(scheme.lm_head, "convert");
 
   ThreadPool pool;

@@ -128,7 +128,8 @@ test("opt-generate speculative (--lookup, --draft-self, --draft): the same outpu
     const args = ["-m", m, "-t", TOKDIR, "-n", String(gen.max_new_tokens), "--logits", "--jsonl", "-"];
     const input = jsonl(c.prompts.map((ids) => ({ ids })));
     const plain = run("generate", args, input).stdout;
-    for (const flags of [["--lookup", "2"], ["--draft-self", "int8", "--draft-tokens", "7"], ["--draft", m, "--draft-tokens", "1"]]) {
+    for (const flags of [["--lookup", "2"], ["--draft-self", "int8", "--draft-tokens", "7"], ["--draft-self", "int4"],
+                         ["--draft", m, "--draft-tokens", "1"]]) {
       assert.equal(run("generate", [...args, ...flags], input).stdout, plain, `${name} ${flags.join(" ")}`);
       // --stats: the timing line and the drafter's (acceptance, tokens per pass) on stderr, stdout unchanged
       const r = run("generate", [...args, ...flags, "--stats"], input, { ok: false });
@@ -218,7 +219,7 @@ function safetensorsDtypes(file) {
   return new Set(Object.entries(h).filter(([k]) => k !== "__metadata__").map(([, v]) => v.dtype));
 }
 // The stored packed format (include/opt/packed.hpp) in every shard of `dir`: the scheme in __metadata__, the linear
-// weights as .panels (U8) + .scales (F32, int8 only), each starting 64-byte aligned in the file, and the data without
+// weights as .panels (U8) + .scales (F32, int8 / int4 only), each starting 64-byte aligned in the file, and the data without
 // holes (safetensors' rule: the tensors cover the data section exactly); returns the scheme.
 function checkPacked(dir, weightType) {
   const files = readdirSync(dir).filter((f) => f.endsWith(".safetensors"));
@@ -283,7 +284,7 @@ test("opt-convert: pytorch_model.bin -> safetensors (as stored, --dtype f32/bf16
   }
 });
 
-test("opt-convert --quantize int8 / --packed: the stored packed format, the bits of quantizing at load / of the input", () => {
+test("opt-convert --quantize int8 / int4 / --packed: the stored packed format, the bits of quantizing at load / of the input", () => {
   const hub = path.join(FIX, "opt-tiny-preln-hubstyle");
   const c = gcase("opt-tiny-preln-hubstyle", "batch_left"), n = String(c.generate.max_new_tokens);
   const gen = (m, extra = []) => lines(run("generate", ["-m", m, "-n", n, "--logits", ...extra, "--jsonl", "-"], idsOf(c)).stdout);
@@ -300,6 +301,11 @@ test("opt-convert --quantize int8 / --packed: the stored packed format, the bits
     const want = gen(hub, ["--quantize", "int8"]);
     assert.deepEqual(gen(q), want, "stored int8 = quantized at load");
     assert.deepEqual(gen(q, ["--quantize", "int8"]), want, "--quantize int8 on an int8 folder: the same");
+    // int4 likewise (32-column blocks)
+    const q4 = path.join(tmp, "int4");
+    run("convert", [hub, q4, "--quantize", "int4"]);
+    assert.equal(checkPacked(q4, "I4")["opt.weight_block"], "32");
+    assert.deepEqual(gen(q4), gen(hub, ["--quantize", "int4"]), "stored int4 = quantized at load");
     // --lm-head-int8, from a safetensors folder, one file
     const q8 = path.join(tmp, "int8-lm");
     run("convert", [path.join(FIX, "opt-tiny-preln"), q8, "--quantize", "int8", "--lm-head-int8"]);
@@ -326,7 +332,7 @@ test("opt-convert --quantize int8 / --packed: the stored packed format, the bits
   }
 });
 
-test("opt-make-random --dtype int8: the stored format shard by shard, the bits of --dtype bf16 quantized at load", () => {
+test("opt-make-random --dtype int8 / int4: the stored format shard by shard, the bits of --dtype bf16 quantized at load", () => {
   const tmp = mkdtempSync(path.join(OUT, "opt-random-int8-"));
   try {
     const q = path.join(tmp, "int8"), b = path.join(tmp, "bf16");
@@ -344,6 +350,12 @@ test("opt-make-random --dtype int8: the stored format shard by shard, the bits o
     const a = lines(run("generate", ["-m", q, "-n", "3", "--logits", "--jsonl", "-"], input).stdout);
     const w = lines(run("generate", ["-m", b, "-n", "3", "--logits", "--quantize", "int8", "--jsonl", "-"], input).stdout);
     assert.deepEqual(a, w);
+    const q4 = path.join(tmp, "int4");
+    run("make_random", [q4, "--model", "125m", "--dtype", "int4", "--float-dtype", "bf16"]);
+    checkPacked(q4, "I4");
+    assert.deepEqual(lines(run("generate", ["-m", q4, "-n", "3", "--logits", "--jsonl", "-"], input).stdout),
+                     lines(run("generate", ["-m", b, "-n", "3", "--logits", "--quantize", "int4", "--jsonl", "-"], input).stdout),
+                     "random stored int4 = bf16 quantized to int4 at load");
   } finally {
     rmSync(tmp, { recursive: true, force: true });
   }
@@ -406,10 +418,7 @@ test("exit codes: 0 on success (above); on any error exactly one line on stderr 
       ["make_random", [path.join(tmp, "r2"), "--dtype", "int3"], "", "bad --dtype"],
       ["make_random", [path.join(tmp, "r3"), "--max-shard-size", "lots"], "", "bad --max-shard-size"],
       ["make_random", [path.join(tmp, "r4"), "--dtype", "int8", "--float-dtype", "i8"], "", "bad --float-dtype"],
-      ["make_random", [path.join(tmp, "r5"), "--dtype", "int4"], "", "int4 (no quantize_int4 yet)"],
       ["convert", [path.join(FIX, "opt-tiny-preln"), path.join(tmp, "o5"), "--quantize", "int3"], "", "bad --quantize"],
-      ["convert", [path.join(FIX, "opt-tiny-preln"), path.join(tmp, "o6"), "--quantize", "int4"], "",
-       "int4 (no quantize_int4 yet)"],
       ["convert", [path.join(FIX, "opt-tiny-preln"), path.join(tmp, "o7"), "--lm-head-int8"], "",
        "--lm-head-int8 without the packed format"],
       ["make_random", [], "", "no folder"],

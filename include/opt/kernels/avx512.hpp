@@ -63,6 +63,13 @@ struct Simd {
   static V load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  // one I4 panel column (8 bytes: row j in byte j's low nibble, row j + 8 in its high one, each q + 8): the 16
+  // bytes [low nibbles | high nibbles] widened to one vector of the integers q as f32
+  static void load_i4(const uint8_t* p, V* out) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i n = _mm_and_si128(_mm_unpacklo_epi64(b, _mm_srli_epi64(b, 4)), _mm_set1_epi8(15));
+    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(n, _mm_set1_epi8(8))));
+  }
   // (l, l+8), (l, l+4), (l, l+2), (l, l+1)
   static float reduce16(const V* a) {
     const __m256 lo = _mm512_castps512_ps256(a[0]);

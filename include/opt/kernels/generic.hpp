@@ -5,10 +5,10 @@
 //
 // The order of operations, which is what makes every ISA give the same bits (see kernels.hpp):
 // - linear: y[i, r] = a sequential FMA chain over k = 0 .. K-1 of x[i, k] * w[r, k] from +0, then + bias,
-//   * scale, act, old + v. I8 (w = q * s per block of columns): per block b, a = the FMA chain of x[i, k] * q[r, k]
-//   over the block from +0, and y = fma(a, s[r, b], y) from y = +0, block after block. Lanes run over output
-//   rows r (a panel column), never over k, so the vector width changes how many rows one instruction serves, not
-//   what any row computes.
+//   * scale, act, old + v. I8 and I4 (w = q * s per block of columns): per block b, a = the FMA chain of
+//   x[i, k] * q[r, k] over the block from +0, and y = fma(a, s[r, b], y) from y = +0, block after block (q is
+//   an integer, exact in f32, however an ISA decodes it). Lanes run over output rows r (a panel column), never
+//   over k, so the vector width changes how many rows one instruction serves, not what any row computes.
 // - attention's q·k and sums: 16 logical lanes (lane l takes elements l, l + 16, ...; a partial last chunk
 //   adds +0 products), reduced as lanes (l, l+8), then (l, l+4), (l, l+2), (l, l+1). An F16 or BF16 cache is
 //   widened to f32 exactly as it is read; the arithmetic is the F32 cache's.
@@ -180,9 +180,10 @@ inline void finish16(const ops::LinearSeg& g, int64_t r, const float* v, float* 
 }
 
 constexpr int64_t kPrefetch = 2048;
-constexpr int64_t dtype_size_c(dtype t) { return t == dtype::F32 ? 4 : t == dtype::I8 ? 1 : 2; }
+// Bytes of one panel column of weights of type T.
+constexpr int64_t col_bytes_c(dtype t) { return int64_t(ops::panel_column_bytes(t)); }
 
-// Vector v (W weights of consecutive rows) of panel column k, widened to f32.
+// Vector v (W weights of consecutive rows) of panel column k, widened to f32 (I8: the integer q).
 template <dtype T>
 inline V load_w(const std::byte* panel, int64_t k, int v) {
   const int64_t e = k * ops::kPanel + v * W;
@@ -192,11 +193,25 @@ inline V load_w(const std::byte* panel, int64_t k, int v) {
   else return Simd::load_i8(reinterpret_cast<const int8_t*>(panel) + e);
 }
 
+// All VP vectors of panel column k into wv, each kept in a register (not re-loaded and re-widened for each of the
+// tile's FMAs). I4: the column's kPanel / 2 bytes decoded at once into the integers q (exact in f32).
+template <dtype T>
+inline void load_col(const std::byte* panel, int64_t k, V* wv) {
+  if constexpr (T == dtype::I4) {
+    Simd::load_i4(reinterpret_cast<const uint8_t*>(panel) + k * col_bytes_c(T), wv);
+  } else {
+    OPT_K_UNROLL
+    for (int v = 0; v < VP; ++v) wv[v] = load_w<T>(panel, k, v);
+  }
+  OPT_K_UNROLL
+  for (int v = 0; v < VP; ++v) Simd::keep(wv[v]);
+}
+
 // Output rows j < NP * kPanel (panels p0 ..) of tokens m < MR: one sequential FMA chain over k per output;
 // out + m * ldo + p * ps receives token m's kPanel outputs of panel p0 + p. The NP * VP weight vectors of a
 // column are loaded once and feed MR FMAs each.
-// I8: the chain runs over one block of columns at a time, from +0, on the integer values; the block's sum then
-// joins the output as out = fma(sum, scale, out), out starting from +0.
+// I8 / I4: the chain runs over one block of columns at a time, from +0, on the integer values; the block's sum
+// then joins the output as out = fma(sum, scale, out), out starting from +0.
 // Not inlined: a tile gets the whole register file to itself (inlined into the loops around it, GCC spilled
 // accumulators to the stack).
 template <dtype T, int MR, int NP>
@@ -205,7 +220,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   // all NP * VP weight vectors of a column live at once when the registers allow it; else one panel's at a time
   // (the MR broadcasts then repeat per panel)
   constexpr bool kAllW = MR * NP * VP + NP * VP + 1 <= Simd::kRegs;
-  constexpr bool kI8 = T == dtype::I8;
+  constexpr bool kI8 = ops::has_scales(T);  // integer weights with scales (I8, I4)
   V acc[MR][NP][VP];
   const std::byte* pp[NP];
   OPT_K_UNROLL
@@ -219,7 +234,8 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         for (int v = 0; v < VP; ++v) Simd::store(out + m * ldo + p * ps + v * W, Simd::zero());
   const int64_t B = kI8 ? w.block : K;
   const int64_t nb = kI8 && K > 0 ? (K + B - 1) / B : 1;  // blocks of columns (one for float weights)
-  constexpr int64_t kColBytes = ops::kPanel * dtype_size_c(T);
+  constexpr int64_t kColBytes = col_bytes_c(T);
+  constexpr int64_t kPfEvery = T == dtype::I4 ? 64 / kColBytes : 1;  // columns per prefetch
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t kb = b * B;
     OPT_K_UNROLL
@@ -231,19 +247,14 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
     const int64_t ke = std::min(K, kb + B);
     for (int64_t k = kb; k < ke; ++k) {
       // a panel is one long sequential stream: ask for it kPrefetch bytes ahead (one or two streams per core
-      // are too few for the hardware prefetcher at decode's rate)
-      OPT_K_UNROLL
-      for (int p = 0; p < NP; ++p) __builtin_prefetch(pp[p] + k * kColBytes + kPrefetch);
+      // are too few for the hardware prefetcher at decode's rate); I4 columns are 8 bytes: once a cache line
+      if (kPfEvery == 1 || (k & (kPfEvery - 1)) == 0)
+        OPT_K_UNROLL
+        for (int p = 0; p < NP; ++p) __builtin_prefetch(pp[p] + k * kColBytes + kPrefetch);
       if constexpr (kAllW) {
         V wv[NP][VP];
         OPT_K_UNROLL
-        for (int p = 0; p < NP; ++p)
-          OPT_K_UNROLL
-          for (int v = 0; v < VP; ++v) {
-            V t = load_w<T>(pp[p], k, v);
-            Simd::keep(t);  // in a register: not re-loaded (and re-widened) for each of the MR FMAs
-            wv[p][v] = t;
-          }
+        for (int p = 0; p < NP; ++p) load_col<T>(pp[p], k, wv[p]);
         OPT_K_UNROLL
         for (int m = 0; m < MR; ++m) {
           V xb = Simd::set1(x[m * ldx + k]);
@@ -257,12 +268,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         OPT_K_UNROLL
         for (int p = 0; p < NP; ++p) {
           V wv[VP];
-          OPT_K_UNROLL
-          for (int v = 0; v < VP; ++v) {
-            V t = load_w<T>(pp[p], k, v);
-            Simd::keep(t);
-            wv[v] = t;
-          }
+          load_col<T>(pp[p], k, wv);
           OPT_K_UNROLL
           for (int m = 0; m < MR; ++m) {
             V xb = Simd::set1(x[m * ldx + k]);
@@ -368,7 +374,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
     return;
   }
   constexpr int group = Simd::kNP;
-  const int64_t panel_bytes = std::max<int64_t>(1, K * P * dtype_size_c(T));
+  const int64_t panel_bytes = std::max<int64_t>(1, K * col_bytes_c(T));
   const int64_t block = std::max<int64_t>(group, (int64_t(256) * 1024 / panel_bytes) / group * group);
   for (int64_t b0 = p0; b0 < p1; b0 += block) {
     const int64_t b1 = std::min(p1, b0 + block);
@@ -390,6 +396,7 @@ inline void linear(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p
     case dtype::F16: return linear_panels<dtype::F16>(x, n, g, p0, p1);
     case dtype::BF16: return linear_panels<dtype::BF16>(x, n, g, p0, p1);
     case dtype::I8: return linear_panels<dtype::I8>(x, n, g, p0, p1);
+    case dtype::I4: return linear_panels<dtype::I4>(x, n, g, p0, p1);
     default: OPT_DASSERT(false);
   }
 }
@@ -746,6 +753,47 @@ inline void quantize_rows(const float* w, int64_t cols, int64_t block, int64_t r
   }
 }
 
+// ---- int4 quantizer -----------------------------------------------------------------------------------------------
+// Per block: s = max|w| / 8 with the sign that maps the block's extreme (the first of largest magnitude) to -8
+// (1 for an all-zero block), q = round(w * (1 / s)) clamped to [-8, 7] (only weights of the other sign beyond
+// 15/16 of the extreme's magnitude reach +8 and are clamped); rounding as the int8 quantizer: round to nearest
+// even of w * inv. Rows [r0, r1) of w [rows, cols]; q row-major, ceil(cols / 2) bytes a row (see MatrixRef).
+inline void quantize_rows_i4(const float* w, int64_t cols, int64_t block, int64_t r0, int64_t r1, uint8_t* q,
+                             float* scale) {
+  const int64_t nb = (cols + block - 1) / block, rb = (cols + 1) / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = w + r * cols;
+    uint8_t* qr = q + r * rb;
+    for (int64_t c = 0; c < rb; ++c) qr[c] = 0x88;  // q = 0 (the odd last column's high nibble stays so)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t k0 = b * block, k1 = std::min(cols, k0 + block);
+      float mx = 0;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float a = std::fabs(row[k]);
+        mx = a > mx ? a : mx;
+      }
+      float ext = 0;
+      for (int64_t k = k0; k < k1 && mx > 0; ++k)
+        if (std::fabs(row[k]) == mx) {
+          ext = row[k];
+          break;
+        }
+      const float s = mx > 0 ? ext / -8.0f : 1.0f;
+      const float inv = 1.0f / s;
+      scale[r * nb + b] = s;
+      auto code = [inv](float x) {
+        const float v = std::nearbyint(x * inv);
+        return unsigned(int(v < -8.0f ? -8.0f : v > 7.0f ? 7.0f : v) + 8);
+      };
+      // whole bytes, and a block's half-used first / last byte (odd block sizes, the odd last column)
+      int64_t k = k0;
+      if (k < k1 && k % 2 == 1) qr[k / 2] = uint8_t((qr[k / 2] & 0x0Fu) | code(row[k]) << 4), ++k;
+      for (; k + 1 < k1; k += 2) qr[k / 2] = uint8_t(code(row[k]) | code(row[k + 1]) << 4);
+      if (k < k1) qr[k / 2] = uint8_t((qr[k / 2] & 0xF0u) | code(row[k]));
+    }
+  }
+}
+
 inline const Table& table() {
   static const Table t = [] {
     Table x;
@@ -757,6 +805,7 @@ inline const Table& table() {
     x.activate1 = &activate1;
     x.exp_sub_sum = &exp_sub_sum;
     x.quantize_rows = &quantize_rows;
+    x.quantize_rows_i4 = &quantize_rows_i4;
     return x;
   }();
   return t;

@@ -1,7 +1,7 @@
-// The kernel API: linear layers over packed weights (F32 / F16 / BF16 / I8), LayerNorm, activations, softmax
-// and causal attention over a KV cache (F32 / F16 / BF16 elements), the int8 quantizer. Knows nothing of OPT or of
-// file formats. Each call runs the ISA chosen by dispatch.hpp; each kernel has a plain Eigen reference in
-// reference.hpp and a test.
+// The kernel API: linear layers over packed weights (F32 / F16 / BF16 / I8 / I4), LayerNorm, activations,
+// softmax and causal attention over a KV cache (F32 / F16 / BF16 elements), the int8 and int4 quantizers. Knows
+// nothing of OPT or of file formats. Each call runs the ISA chosen by dispatch.hpp; each kernel has a plain Eigen
+// reference in reference.hpp and a test.
 //
 // Determinism: every output is computed by one fixed sequence of IEEE operations that depends only on the
 // problem's sizes: not on the thread count, the batch it is in, the tile it falls in, nor the instruction set
@@ -120,6 +120,12 @@ inline void attention(ThreadPool& pool, const float* q, int64_t past, int64_t n,
 inline void quantize_rows(const float* w, int64_t cols, int64_t block, int64_t r0, int64_t r1, int8_t* q,
                           float* scale) {
   kernels::active().quantize_rows(w, cols, block, r0, r1, q, scale);
+}
+
+// int4 quantization of the same, q two a byte (MatrixRef's I4 rows): see quantize.hpp.
+inline void quantize_rows_i4(const float* w, int64_t cols, int64_t block, int64_t r0, int64_t r1, uint8_t* q,
+                             float* scale) {
+  kernels::active().quantize_rows_i4(w, cols, block, r0, r1, q, scale);
 }
 
 }  // namespace ops

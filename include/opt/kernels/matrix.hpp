@@ -1,6 +1,8 @@
 // The matrices the kernels read. Knows nothing of OPT or of file formats.
-//   MatrixRef     a row-major [rows, cols] view (PyTorch's Linear layout [out, in]) of F32, F16, BF16 or I8 + scales:
-//                 what a checkpoint stores; rows are read by the embedding lookup and the quantizer.
+//   MatrixRef     a row-major [rows, cols] view (PyTorch's Linear layout [out, in]) of F32, F16, BF16, or I8 / I4 +
+//                 scales: what a checkpoint stores or the quantizer makes; rows are read by the embedding lookup
+//                 and the quantizer. I4 rows are ceil(cols / 2) bytes: column c in byte c / 2, the low nibble when
+//                 c is even, each nibble q + 8 (q in [-8, 7]); an odd row's last high nibble is 8 (q = 0).
 //   PackedMatrix  the same values repacked into panels of kPanel rows, column by column ([panel][col][kPanel]),
 //                 the layout of the linear kernels: one load gives one column of kPanel weight rows, so every
 //                 output is one sequential FMA chain over its inputs, whatever the vector width (see kernels.hpp).
@@ -21,21 +23,25 @@ OPT_NAMESPACE_BEGIN
 
 // A read-only [rows, cols] row-major matrix (PyTorch's Linear layout: [out_features, in_features]).
 struct MatrixRef {
-  dtype type = dtype::F32;  // F32, F16, BF16 or I8 (with scales)
+  dtype type = dtype::F32;  // F32, F16, BF16, I8 or I4 (I8 / I4 with scales)
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
 
-  const float* scale = nullptr;  // I8 only: [rows, ceil(cols / block)] per-row, per-block scales
-  int64_t block = 0;             // I8 only: columns per scale
+  const float* scale = nullptr;  // I8 / I4 only: [rows, ceil(cols / block)] per-row, per-block scales
+  int64_t block = 0;             // I8 / I4 only: columns per scale
 
+  // Bytes of one row (I4: two weights a byte, the last one rounded up).
+  size_t row_bytes() const noexcept {
+    return type == dtype::I4 ? (size_t(cols) + 1) / 2 : size_t(cols) * dtype_size(type);
+  }
   const std::byte* row_ptr(int64_t r) const noexcept {
-    return static_cast<const std::byte*>(data) + size_t(r) * size_t(cols) * dtype_size(type);
+    return static_cast<const std::byte*>(data) + size_t(r) * row_bytes();
   }
   int64_t blocks_per_row() const noexcept { return block ? (cols + block - 1) / block : 0; }
   // Bytes a pass over the whole matrix reads (values and scales).
   size_t bytes() const noexcept {
     if (!data) return 0;
-    return size_t(rows) * size_t(cols) * dtype_size(type) + size_t(rows) * size_t(blocks_per_row()) * 4;
+    return size_t(rows) * row_bytes() + size_t(rows) * size_t(blocks_per_row()) * 4;
   }
 };
 
@@ -63,6 +69,8 @@ using aligned_vector = std::vector<T, AlignedAllocator<T>>;
 constexpr int64_t kPanel = 16;
 // int8 weights: one f32 scale per row and block of kQ8Block columns.
 constexpr int64_t kQ8Block = 128;
+// int4 weights: one f32 scale per row and block of kQ4Block columns (see quantize.hpp for why 32).
+constexpr int64_t kQ4Block = 32;
 // Bytes of one panel column (kPanel weights of consecutive rows). I4 packs two a byte: byte j holds row j in its
 // low nibble and row j + kPanel / 2 in its high nibble, each the weight's q + 8 (q in [-8, 7]).
 constexpr size_t panel_column_bytes(dtype t) noexcept {
@@ -74,8 +82,8 @@ constexpr bool has_scales(dtype t) noexcept { return t == dtype::I8 || t == dtyp
 }  // namespace ops
 
 // [rows, cols] in panels: element (r, c) at panel r / kPanel, column c (ops::panel_column_bytes(type) bytes a
-// column), row r % kPanel within it; the last panel is padded with zero rows. I8 / I4: scale (r, block b) at panel
-// r / kPanel, offset b * kPanel + r % kPanel.
+// column), row r % kPanel within it; the last panel is padded with zero rows (I4: nibbles 8, q = 0) whose scales
+// are 0. I8 / I4: scale (r, block b) at panel r / kPanel, offset b * kPanel + r % kPanel.
 struct PackedMatrix {
   dtype type = dtype::F32;  // F32, F16, BF16, I8 or I4
   const void* data = nullptr;
@@ -128,6 +136,12 @@ inline void row_to_f32(const MatrixRef& m, int64_t r, float* out) {
       for (int64_t i = 0; i < n; ++i) out[i] = float(q[i]) * s[i / m.block];
       break;
     }
+    case dtype::I4: {
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(p);
+      const float* s = m.scale + r * m.blocks_per_row();
+      for (int64_t i = 0; i < n; ++i) out[i] = float(int((q[i / 2] >> (4 * (i % 2))) & 15) - 8) * s[i / m.block];
+      break;
+    }
     default: OPT_DASSERT(false);
   }
 }
@@ -143,6 +157,12 @@ inline float packed_element(const PackedMatrix& m, int64_t r, int64_t c) {
     case dtype::I8:
       return float(reinterpret_cast<const int8_t*>(p)[off]) *
              m.panel_scales(r / kPanel)[size_t(c / m.block) * size_t(kPanel) + size_t(r % kPanel)];
+    case dtype::I4: {
+      const int64_t j = r % kPanel, half = kPanel / 2;
+      const uint8_t b = reinterpret_cast<const uint8_t*>(p)[size_t(c) * size_t(half) + size_t(j % half)];
+      return float(int(j < half ? b & 15 : b >> 4) - 8) *
+             m.panel_scales(r / kPanel)[size_t(c / m.block) * size_t(kPanel) + size_t(j)];
+    }
     default: return 0.0f;
   }
 }
@@ -158,33 +178,48 @@ inline void columns(const MatrixRef& src, int64_t r0, int64_t rows, std::byte* d
   for (int64_t c = 0; c < K; ++c)
     for (int64_t j = 0; j < rows; ++j) dst[c * kPanel + j] = row[j][c];
 }
+// The same from I4 rows (two weights a byte) into I4 panel columns of kPanel / 2 bytes; missing rows get
+// nibble 8 (q = 0).
+inline void columns_i4(const MatrixRef& src, int64_t r0, int64_t rows, std::byte* dst_bytes) {
+  uint8_t* dst = reinterpret_cast<uint8_t*>(dst_bytes);
+  constexpr int64_t half = kPanel / 2;
+  const uint8_t* row[kPanel];
+  for (int64_t j = 0; j < rows; ++j) row[j] = reinterpret_cast<const uint8_t*>(src.row_ptr(r0 + j));
+  auto nib = [&](int64_t j, int64_t c) -> unsigned { return j < rows ? (row[j][c / 2] >> (4 * (c % 2))) & 15u : 8u; };
+  const int64_t K = src.cols;
+  for (int64_t c = 0; c < K; ++c)
+    for (int64_t j = 0; j < half; ++j) dst[c * half + j] = uint8_t(nib(j, c) | nib(j + half, c) << 4);
+}
 }  // namespace detail_pack
 
 // Repacks a row-major matrix (any of its types) into panels, split over the pool's threads by panel. A copy:
-// F32 keeps 4 bytes a weight, F16/BF16 2, I8 1 (+ its scales); the source can be released afterwards.
-// The panels go in slices of about 16 MiB of source; done(r0, r1) is called after each slice with the source rows
-// it has finished with, so a caller can release them while the rest is packed (peak memory: the copy + a slice).
+// F32 keeps 4 bytes a weight, F16/BF16 2, I8 1, I4 half a byte (+ the scales); the source can be released
+// afterwards. The panels go in slices of about 16 MiB of source; done(r0, r1) is called after each slice with the
+// source rows it has finished with, so a caller can release them while the rest is packed (peak memory: the copy
+// + a slice).
 template <class Done>
 inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool, Done&& done) {
   PackedWeights w;
   PackedMatrix& m = w.m;
-  m.type = src.type, m.rows = src.rows, m.cols = src.cols, m.block = src.type == dtype::I8 ? src.block : 0;
-  const size_t es = dtype_size(src.type);
+  const bool scaled = has_scales(src.type);
+  m.type = src.type, m.rows = src.rows, m.cols = src.cols, m.block = scaled ? src.block : 0;
+  const size_t es = dtype_size(src.type), col_bytes = panel_column_bytes(src.type);
   const int64_t np = m.panels(), K = src.cols, nb = m.blocks();
-  w.values.assign(size_t(np) * size_t(kPanel) * size_t(K) * es, std::byte{0});
-  if (src.type == dtype::I8) w.scales.assign(size_t(np) * size_t(nb) * size_t(kPanel), 0.0f);
+  w.values.assign(m.value_bytes(), std::byte{0});
+  if (scaled) w.scales.assign(m.scale_count(), 0.0f);
   m.data = w.values.data();
   m.scale = w.scales.empty() ? nullptr : w.scales.data();
   auto panels = [&](size_t b, size_t e) {
     for (int64_t p = int64_t(b); p < int64_t(e); ++p) {
-      std::byte* dst = w.values.data() + size_t(p) * size_t(kPanel) * size_t(K) * es;
+      std::byte* dst = w.values.data() + size_t(p) * size_t(K) * col_bytes;
       const int64_t rows = std::min<int64_t>(kPanel, src.rows - p * kPanel);
-      switch (es) {
+      if (src.type == dtype::I4) detail_pack::columns_i4(src, p * kPanel, rows, dst);
+      else switch (es) {
         case 4: detail_pack::columns<uint32_t>(src, p * kPanel, rows, dst); break;
         case 2: detail_pack::columns<uint16_t>(src, p * kPanel, rows, dst); break;
         default: detail_pack::columns<uint8_t>(src, p * kPanel, rows, dst); break;
       }
-      if (src.type == dtype::I8)
+      if (scaled)
         for (int64_t j = 0; j < rows; ++j)
           for (int64_t bl = 0; bl < nb; ++bl)
             w.scales[(size_t(p) * size_t(nb) + size_t(bl)) * size_t(kPanel) + size_t(j)] =

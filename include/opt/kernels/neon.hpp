@@ -45,6 +45,18 @@ struct Simd {
     const int16x8_t h = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(four)));
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
   }
+  // one I4 panel column (8 bytes: row j in byte j's low nibble, row j + 8 in its high one, each q + 8): the 16
+  // bytes [low nibbles | high nibbles] - 8, widened to four vectors of the integers q as f32 (rows 0-3 .. 12-15)
+  static void load_i4(const uint8_t* p, V* out) {
+    const uint8x8_t b = vld1_u8(p);
+    const int8x16_t q =
+        vsubq_s8(vreinterpretq_s8_u8(vcombine_u8(vand_u8(b, vdup_n_u8(15)), vshr_n_u8(b, 4))), vdupq_n_s8(8));
+    const int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_s8(vget_high_s8(q));
+    out[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+    out[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo)));
+    out[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+    out[3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)));
+  }
   // lanes 0-3, 4-7, 8-11, 12-15 in a[0..3]: (l, l+8), (l, l+4), (l, l+2), (l, l+1)
   static float reduce16(const V* a) {
     const V b = vaddq_f32(vaddq_f32(a[0], a[2]), vaddq_f32(a[1], a[3]));

@@ -61,6 +61,20 @@ inline void linear_q8(const float* x, int64_t n, const int8_t* q, const float* s
   linear_d(x, n, w, bias, y);
 }
 
+// The same with int4 weights, row-major two a byte (row r at r * ceil(in / 2) bytes; column k in byte k / 2, the
+// low nibble when k is even; each nibble q + 8) and one float scale per (row, block of `block` columns).
+inline void linear_q4(const float* x, int64_t n, const uint8_t* q, const float* scale, int64_t block, int64_t out,
+                      int64_t in, const float* bias, float* y) {
+  const int64_t nb = (in + block - 1) / block, rb = (in + 1) / 2;
+  MatrixD w(out, in);
+  for (int64_t r = 0; r < out; ++r)
+    for (int64_t k = 0; k < in; ++k) {
+      const int nib = (q[r * rb + k / 2] >> (k % 2 == 0 ? 0 : 4)) & 15;
+      w(r, k) = double(nib - 8) * double(scale[r * nb + k / block]);
+    }
+  linear_d(x, n, w, bias, y);
+}
+
 // y[n, d] = (x - mean) / sqrt(var + eps) * gamma + beta       (torch.nn.LayerNorm, biased variance)
 inline void layer_norm(const float* x, int64_t n, int64_t d, const float* gamma, const float* beta, float eps,
                        float* y) {

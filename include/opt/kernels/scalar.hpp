@@ -39,6 +39,10 @@ struct Simd {
   static V load_f16(const uint16_t* p) { return opt::detail::f16_to_f32(*p); }
   static V load_bf16(const uint16_t* p) { return opt::detail::bf16_to_f32(*p); }
   static V load_i8(const int8_t* p) { return float(*p); }
+  // one I4 panel column (8 bytes: row j in byte j's low nibble, row j + 8 in its high one, each q + 8) -> 16 q
+  static void load_i4(const uint8_t* p, V* out) {
+    for (int j = 0; j < 8; ++j) out[j] = float(int(p[j] & 15) - 8), out[j + 8] = float(int(p[j] >> 4) - 8);
+  }
   static float reduce16(const V* a) {
     float b[8], c[4];
     for (int l = 0; l < 8; ++l) b[l] = a[l] + a[l + 8];

@@ -59,6 +59,10 @@ struct Table {
   // `block` columns, s = max|w| / 127 (1 for an all-zero block).
   void (*quantize_rows)(const float* w, int64_t cols, int64_t block, int64_t r0, int64_t r1, int8_t* q,
                         float* scale) = nullptr;
+  // int4 quantization of the same: q = round(w / s) in [-8, 7] per block, s = -(the block's extreme) / 8 (1 for an
+  // all-zero block); q row-major, two a byte as q + 8 (MatrixRef's I4 rows).
+  void (*quantize_rows_i4)(const float* w, int64_t cols, int64_t block, int64_t r0, int64_t r1, uint8_t* q,
+                           float* scale) = nullptr;
 };
 
 }  // namespace kernels
