@@ -15,7 +15,11 @@
 // What runs: --model=NAME or OPT_BENCH_MODEL (an OPT shape: opt-125m, the default, ... opt-66b; see
 // opt-make-random --list) and --formats=a,b or OPT_BENCH_FORMATS (weight formats, default f32,bf16,f16,int8):
 //   f32 f16 bf16   a checkpoint stored in that type (sharded like the hub's when large), packed at load
-//   int8           quantized at load: from the f32 checkpoint at opt-125m, from the bf16 one for larger shapes
+//   int8 int4      quantized at load: from the f32 checkpoint at opt-125m, from the bf16 one for larger shapes
+//                  (int8 with the LM head in int8 too, int4 with it as stored)
+//   int8-stored int4-stored   the stored packed format (packed.hpp), written quantized (the other tensors and the
+//                  LM head in f32 at opt-125m, bf16 beyond): Model::load maps it, nothing is quantized or copied
+//   bf16-packed    the stored packed format with bf16 panels (mapped as stored, no repacking at load)
 // One format's model is in memory at a time (formats run one after another), so large shapes fit.
 // --new=N or OPT_BENCH_NEW: new tokens per decode run (default 50). Every figure is the median of OPT_BENCH_REPS
 // (default 5) repetitions. Floors use 2-thread bandwidth/peak (the machine's); x_floor_same_threads uses the figure
@@ -64,10 +68,19 @@ std::string bench_dir() {
 std::string g_model = "opt-125m";  // --model / OPT_BENCH_MODEL
 int g_new = 50;                     // --new / OPT_BENCH_NEW
 
+const char* const kFormats[] = {"f32", "f16", "bf16", "int8", "int4", "int8-stored", "int4-stored", "bf16-packed"};
+
+// The float type of a shape's unquantized tensors.
+std::string float_type() { return g_model == "opt-125m" ? "f32" : "bf16"; }
+
 // The stored checkpoint a weight format runs from.
 std::string stored_type(const std::string& type) {
-  if (type == "int8") return g_model == "opt-125m" ? "f32" : "bf16";
+  if (type == "int8" || type == "int4") return float_type();
   return type;
+}
+
+opt::dtype dtype_of(const std::string& t) {
+  return t == "f32" ? opt::dtype::F32 : t == "f16" ? opt::dtype::F16 : opt::dtype::BF16;
 }
 
 // The checkpoint for a weight format: written once (shard by shard, never the whole model in memory).
@@ -76,7 +89,15 @@ std::filesystem::path checkpoint(const std::string& type) {
   const auto dir = std::filesystem::path(bench_dir()) / (g_model + "-" + stored);
   if (!std::filesystem::exists(dir / "config.json")) {
     opt::RandomCheckpointOptions o;
-    o.type = stored == "f32" ? opt::dtype::F32 : stored == "f16" ? opt::dtype::F16 : opt::dtype::BF16;
+    if (stored == "int8-stored" || stored == "int4-stored") {
+      o.type = stored == "int8-stored" ? opt::dtype::I8 : opt::dtype::I4;
+      o.float_type = dtype_of(float_type());
+    } else if (stored == "bf16-packed") {
+      o.type = opt::dtype::BF16;
+      o.packed = true;
+    } else {
+      o.type = dtype_of(stored);
+    }
     o.seed = 1;
     std::fprintf(stderr, "bench_generate: writing %s\n", dir.c_str());
     opt::write_random_checkpoint(dir, opt::opt_shape(g_model), o);
@@ -98,6 +119,7 @@ opt::LoadOptions load_options(const std::string& type) {
     o.quantize = opt::quantization::int8;
     o.lm_head_int8 = true;
   }
+  if (type == "int4") o.quantize = opt::quantization::int4;
   return o;
 }
 
@@ -518,8 +540,9 @@ std::vector<std::string> parse_options(int& argc, char** argv) {
   if (g_new < 2) throw std::invalid_argument("--new must be at least 2");
   const auto list = split(formats);
   for (const std::string& f : list)
-    if (f != "f32" && f != "f16" && f != "bf16" && f != "int8")
-      throw std::invalid_argument("unknown weight format '" + f + "' (expected f32, f16, bf16 or int8)");
+    if (std::find(std::begin(kFormats), std::end(kFormats), f) == std::end(kFormats))
+      throw std::invalid_argument("unknown weight format '" + f +
+                                  "' (expected f32, f16, bf16, int8, int4, int8-stored, int4-stored or bf16-packed)");
   if (list.empty()) throw std::invalid_argument("no weight formats given");
   return list;
 }

@@ -240,8 +240,9 @@ TEST_CASE("stored packed folders that are wrong are opt::errors naming the file,
                                   {"opt.panel_rows", "expected \"16\""});
   check_throws<opt::format_error>(load(edited(good, "no-key", [](TD&, MD& md) { md.erase("opt.lm_head_type"); })),
                                   {"lacks \"opt.lm_head_type\""});
+  // I8 values declared I4: the block is I8's, not I4's (32)
   check_throws<opt::format_error>(load(edited(good, "int4", [](TD&, MD& md) { md["opt.weight_type"] = "I4"; })),
-                                  {"opt.weight_type", "I4", "quantize_int4"});
+                                  {"opt.weight_block", "\"128\"", "expected \"32\""});
   // a panel tensor that is short (a truncated write), or of the wrong dtype; scales of the wrong count, or missing
   auto tensor_edit = [&](const std::string& dir, const std::function<void(TD&)>& f) {
     return load(edited(good, dir, [&](TD& t, MD&) { f(t); }));
@@ -284,7 +285,11 @@ TEST_CASE("stored packed folders that are wrong are opt::errors naming the file,
   lo.quantize = opt::quantization::int8;
   lo.lm_head_int8 = true;
   check_throws<opt::tensor_error>(load(good, lo), {"holds stored packed weights I8 (block 128), LM head F32",
-                                                   "lm_head_int8", "not quantized again at load"});
+                                                   "LM head quantized", "not quantized again at load"});
+  lo.lm_head_int8 = false;
+  lo.quantize = opt::quantization::int4;
+  check_throws<opt::tensor_error>(load(good, lo), {"holds stored packed weights I8 (block 128)", "quantize = int4"});
+  lo.quantize = opt::quantization::int8;
   const fs::path fp = scratch("packed-float");
   opt::convert_packed(opt_test::fixture_dir("opt-tiny-preln"), fp, {});
   lo.lm_head_int8 = false;
@@ -302,10 +307,4 @@ TEST_CASE("stored packed folders that are wrong are opt::errors naming the file,
     std::ofstream(last, std::ios::binary | std::ios::trunc) << bytes;
   }
   check_throws<opt::format_error>(load(sh), {"declares no packing", "declares packed weights I8"});
-  // int4 is refused with a reason until quantize_int4 exists
-  po.quantize = opt::dtype::I4;
-  po.max_shard_bytes = 0;
-  check_throws<opt::input_error>(
-      [&] { opt::convert_packed(opt_test::fixture_dir("opt-tiny-preln"), scratch("i4"), po); },
-      {"I4", "quantize_int4"});
 }
