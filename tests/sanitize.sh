@@ -7,7 +7,8 @@
 # OPT_SHARED_DIR (default ../shared), OPT_SANITIZE_EXCLUDE (ctest -E regex, default below).
 # Excluded by default: package_* (they configure and build separate consumer projects without sanitizers, so
 # they test packaging, not memory safety, and take minutes) and isa_* (the fixture suite again per ISA; test_isa
-# still compares the ISAs compiled here).
+# still compares the ISAs compiled here), and test_shapes (the same kernels and model code as the fixture tests at
+# the larger shapes' widths: minutes of instrumented arithmetic that no other memory path goes through).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -27,4 +28,4 @@ cmake --build "$build" -j "${JOBS:-2}"
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 cd "$build"
-ctest --output-on-failure -j "${JOBS:-2}" --timeout 900 -E "${OPT_SANITIZE_EXCLUDE:-^package_|^isa_}" "$@"
+ctest --output-on-failure -j "${JOBS:-2}" --timeout 900 -E "${OPT_SANITIZE_EXCLUDE:-^package_|^isa_|^test_shapes$}" "$@"
