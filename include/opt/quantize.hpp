@@ -51,6 +51,22 @@ inline void quantize_int8_rows(const MatrixRef& src, QuantizedMatrix& dst, int64
   }
 }
 
+namespace detail {
+// quantize_rows(src, d, r0, r1, row) over all of src's rows, split over the pool's threads (each with its row buffer).
+template <class Rows>
+inline void quantize_all_rows(const MatrixRef& src, QuantizedMatrix& d, ThreadPool* pool, Rows&& quantize_rows) {
+  if (!pool) {
+    std::vector<float> row;
+    quantize_rows(src, d, 0, src.rows, row);
+    return;
+  }
+  pool->parallel_for(size_t(src.rows), 64, [&](size_t b, size_t e) {
+    std::vector<float> row;
+    quantize_rows(src, d, int64_t(b), int64_t(e), row);
+  });
+}
+}  // namespace detail
+
 // src (F32, F16 or BF16) -> int8 + per-(row, block) scales, split over the pool's threads.
 inline QuantizedMatrix quantize_int8(const MatrixRef& src, ThreadPool* pool = nullptr) {
   QuantizedMatrix d;
@@ -58,15 +74,7 @@ inline QuantizedMatrix quantize_int8(const MatrixRef& src, ThreadPool* pool = nu
   const int64_t nb = (src.cols + d.block - 1) / d.block;
   d.q.resize(size_t(src.rows * src.cols));
   d.scale.resize(size_t(src.rows * nb));
-  if (!pool) {
-    std::vector<float> row;
-    quantize_int8_rows(src, d, 0, src.rows, row);
-    return d;
-  }
-  pool->parallel_for(size_t(src.rows), 64, [&](size_t b, size_t e) {
-    std::vector<float> row;
-    quantize_int8_rows(src, d, int64_t(b), int64_t(e), row);
-  });
+  detail::quantize_all_rows(src, d, pool, quantize_int8_rows);
   return d;
 }
 
@@ -92,15 +100,7 @@ inline QuantizedMatrix quantize_int4(const MatrixRef& src, ThreadPool* pool = nu
   const int64_t nb = (src.cols + d.block - 1) / d.block;
   d.q.resize(size_t(src.rows) * size_t((src.cols + 1) / 2));
   d.scale.resize(size_t(src.rows * nb));
-  if (!pool) {
-    std::vector<float> row;
-    quantize_int4_rows(src, d, 0, src.rows, row);
-    return d;
-  }
-  pool->parallel_for(size_t(src.rows), 64, [&](size_t b, size_t e) {
-    std::vector<float> row;
-    quantize_int4_rows(src, d, int64_t(b), int64_t(e), row);
-  });
+  detail::quantize_all_rows(src, d, pool, quantize_int4_rows);
   return d;
 }
 
