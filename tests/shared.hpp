@@ -6,11 +6,28 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 namespace opt_test {
+
+// f() throws an E whose message contains every one of `parts` (a wrong type or no exception fails the test).
+template <class E>
+void check_throws(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  bool thrown = false;
+  try {
+    f();
+  } catch (const E& e) {
+    thrown = true;
+    std::string what = e.what();
+    for (auto& p : parts) CHECK_MESSAGE(what.find(p) != std::string::npos, "'" << p << "' not in: " << what);
+  } catch (const std::exception& e) {
+    FAIL("wrong exception type: " << e.what());
+  }
+  CHECK_MESSAGE(thrown, "no exception");
+}
 
 inline std::filesystem::path shared_dir() {
   std::filesystem::path p = OPT_SHARED_DIR;

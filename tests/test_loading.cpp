@@ -21,20 +21,7 @@ std::string with_header(const std::string& header_json, const std::string& data)
   return u64le(header_json.size()) + header_json + data;
 }
 
-template <class E>
-void check_throws(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  bool thrown = false;
-  try {
-    f();
-  } catch (const E& e) {
-    thrown = true;
-    std::string what = e.what();
-    for (auto& p : parts) CHECK_MESSAGE(what.find(p) != std::string::npos, "'" << p << "' not in: " << what);
-  } catch (const std::exception& e) {
-    FAIL("wrong exception type: " << e.what());
-  }
-  CHECK_MESSAGE(thrown, "no exception");
-}
+using opt_test::check_throws;
 
 // A model folder whose tensors are opt-tiny-preln's, changed by `edit` (name -> TensorData list).
 fs::path tiny_variant(const std::string& name, const std::function<void(std::vector<opt::TensorData>&)>& edit,

@@ -15,20 +15,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using opt_test::scratch;
 
-template <class E>
-void check_throws(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  bool thrown = false;
-  try {
-    f();
-  } catch (const E& e) {
-    thrown = true;
-    std::string what = e.what();
-    for (auto& p : parts) CHECK_MESSAGE(what.find(p) != std::string::npos, "'" << p << "' not in: " << what);
-  } catch (const std::exception& e) {
-    FAIL("wrong exception type: " << e.what());
-  }
-  CHECK_MESSAGE(thrown, "no exception");
-}
+using opt_test::check_throws;
 
 // All-position logits of every golden prompt of `fixture` (or of a few fixed prompts when it is empty), row after
 // row: what two loads must agree on bit for bit.
