@@ -9,12 +9,41 @@
 #include <vector>
 
 #include "opt/error.hpp"
+#include "opt/kernels/isa.hpp"
+#include "opt/kernels/table.hpp"
+
+// OPT_KERNELS_EXTERN: this translation unit only declares the ISA tables, and one other of the program compiles
+// them (#include <opt/kernels/compiled.hpp>, see there). Without it, as by default, every translation unit that
+// runs a kernel compiles them all: the library stays header-only.
+#if defined(OPT_KERNELS_EXTERN) && !defined(OPT_KERNELS_IMPLEMENTATION)
+OPT_NAMESPACE_BEGIN
+namespace kernels {
+namespace scalar_isa {
+const Table& table();
+}
+#if defined(OPT_HAVE_AVX2_KERNELS)
+namespace avx2_isa {
+const Table& table();
+}
+#endif
+#if defined(OPT_HAVE_AVX512_KERNELS)
+namespace avx512_isa {
+const Table& table();
+}
+#endif
+#if defined(OPT_HAVE_NEON_KERNELS)
+namespace neon_isa {
+const Table& table();
+}
+#endif
+}  // namespace kernels
+OPT_NAMESPACE_END
+#else
 #include "opt/kernels/avx2.hpp"
 #include "opt/kernels/avx512.hpp"
-#include "opt/kernels/isa.hpp"
 #include "opt/kernels/neon.hpp"
 #include "opt/kernels/scalar.hpp"
-#include "opt/kernels/table.hpp"
+#endif
 
 OPT_NAMESPACE_BEGIN
 namespace kernels {

@@ -794,7 +794,7 @@ inline void quantize_rows_i4(const float* w, int64_t cols, int64_t block, int64_
   }
 }
 
-inline const Table& table() {
+OPT_KERNEL_TABLE_LINKAGE const Table& table() {
   static const Table t = [] {
     Table x;
     x.id = Simd::id;

@@ -10,6 +10,15 @@
 #include "opt/detail/fp16.hpp"
 #include "opt/kernels/table.hpp"
 
+// Each ISA's table() is an inline function, compiled in every translation unit that runs a kernel; in the one
+// that includes compiled.hpp (OPT_KERNELS_IMPLEMENTATION) it is an ordinary one, for the others of its program
+// to call (OPT_KERNELS_EXTERN, dispatch.hpp).
+#if defined(OPT_KERNELS_IMPLEMENTATION)
+#define OPT_KERNEL_TABLE_LINKAGE
+#else
+#define OPT_KERNEL_TABLE_LINKAGE inline
+#endif
+
 OPT_NAMESPACE_BEGIN
 namespace kernels {
 
