@@ -2,7 +2,7 @@
 //
 //   opt-serve -m MODEL_DIR [-t TOKENIZER_DIR] [--host 127.0.0.1] [--port 8080] [--max-batch 16] [--threads N]
 //             [--max-queue 64] [--max-body-bytes 1048576] [--max-tokens-limit N] [--max-prompts 32]
-//             [--kv-cache f32|f16|bf16]
+//             [--kv-cache f32|f16|bf16] [--lookup N | --draft-self int8|int4 | --draft DIR] [--draft-tokens K]
 //
 // Endpoints
 //   POST /generate        {"prompts": [...], "max_new_tokens": 50} -> {"texts": [...]}: greedy, each text starts
@@ -19,6 +19,14 @@
 // detokenizer + stop strings). Every sequence has its own cache, positions and sampler, so its answer is the one
 // it gets alone. Sequences beyond --max-batch wait in a queue of --max-queue; past that a request gets 429.
 // Errors are JSON: {"error": {"message", "type", "param", "code"}}.
+//
+// Speculative decoding (the flags of opt-generate): --lookup N (prompt lookup, n-grams up to N), --draft-self
+// int8|int4 (the model's own weights quantized) or --draft DIR (a draft model with the same vocabulary), with
+// --draft-tokens K (default 4, adaptive). Every sequence then speculates inside the shared batch step (a request
+// opts out with "speculative": false, in /generate and /v1/completions). Greedy answers are exactly the same as
+// without the flag; a seeded sampling answer is the same on every run and in any batch, drawn from the same
+// distribution as without the flag but with draws of its own (opt out to get the plain sampler's draws).
+// /health then adds "speculative": {"drafter", "proposed", "accepted", "passes"}.
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 #include <pthread.h>
@@ -39,6 +47,7 @@
 #include <opt/batch.hpp>
 #include <opt/generate.hpp>
 #include <opt/model.hpp>
+#include <opt/speculative.hpp>
 #include <opt/tokenizer.hpp>
 #include <random>
 #include <string>
@@ -48,6 +57,7 @@
 #include "kv_cache_option.hpp"
 #include "opt_serve_page.hpp"
 #include "opt_serve_request.hpp"
+#include "speculation_option.hpp"
 
 namespace {
 
@@ -64,6 +74,7 @@ struct ServerOptions {
   int timeout_s = 30;
   int step_delay_ms = 0;  // testing and demos: sleep after each step so streams can be watched
   std::string kv_cache = "f32";  // every sequence's KV cache element type (--kv-cache)
+  SpeculationFlags spec;         // --lookup, --draft-self, --draft, --draft-tokens
 };
 
 // ---- errors -----------------------------------------------------------------------------------------------------
@@ -78,10 +89,18 @@ void send_error(httplib::Response& res, const ApiError& e) {
 
 class Scheduler {
  public:
-  Scheduler(const opt::Model& model, const opt::Tokenizer& tok, const ServerOptions& o)
-      : tok_(tok), opts_(o), batch_(model, o.threads), kv_cache_(opt::kv_cache_type_from_string(o.kv_cache)) {
+  // `drafter`: speculative decoding for every sequence that does not opt out (null: none).
+  Scheduler(const opt::Model& model, const opt::Tokenizer& tok, const ServerOptions& o,
+            std::shared_ptr<opt::Drafter> drafter, std::string drafter_name)
+      : tok_(tok), opts_(o), batch_(model, o.threads), kv_cache_(opt::kv_cache_type_from_string(o.kv_cache)),
+        drafter_name_(std::move(drafter_name)) {
     dopts_.skip_special_tokens = true;
     // clean_up_tokenization_spaces: the tokenizer's default, as batch_decode
+    if (drafter) {
+      opt::SpeculativeOptions so;
+      so.draft_tokens = o.spec.draft_tokens;
+      spec_ = opt::speculation(std::move(drafter), so, &spec_stats_);
+    }
   }
 
   void start() { thread_ = std::thread([this] { run(); }); }
@@ -125,6 +144,11 @@ class Scheduler {
             {"completed", completed_.load()},     {"cancelled", cancelled_.load()},
             {"steps", steps_.load()},             {"generated_tokens", generated_.load()},
             {"kv_cache_bytes", cache_bytes_.load()}};
+  }
+  json speculation_stats() const {
+    if (!spec_) return nullptr;
+    return {{"drafter", drafter_name_}, {"proposed", proposed_.load()}, {"accepted", accepted_.load()},
+            {"passes", passes_.load()}};
   }
 
   const opt::DecodeOptions& decode_options() const { return dopts_; }
@@ -180,6 +204,7 @@ class Scheduler {
     try {
       opt::SequenceOptions so = c.opts;
       so.kv_cache = kv_cache_;
+      if (c.speculative) so.speculation = spec_;
       id = batch_.add(c.prompt, so);
     } catch (const std::exception& ex) {  // validated before; should not happen
       fail(e, ex.what());
@@ -211,9 +236,34 @@ class Scheduler {
   }
 
   void step() {
-    std::vector<opt::SeqLogits> logits;
+    // each new token as the batch accepts it (a speculating sequence may get several in a step): to its stream;
+    // false stops the sequence there (a stop string)
+    std::vector<std::pair<opt::SeqId, std::string>> done;  // finished this step, with their finish reason
+    auto on_token = [&](const opt::StepToken& st) {
+      Entry& e = active_.at(st.seq);
+      Choice& c = e.req->choices[e.choice];
+      ++generated_;
+      std::string piece = c.stream->push(st.token);
+      bool finished = st.finished, more = true;
+      std::string reason = st.reason == opt::FinishReason::length ? "length" : "stop";
+      if (!finished && c.stream->stopped()) {  // a stop string: the text ends before it
+        more = false;
+        finished = true;
+        reason = "stop";
+      }
+      if (finished) piece += c.stream->finish();
+      {
+        std::lock_guard<std::mutex> lk(e.req->m);
+        if (!piece.empty()) c.out.push_back(piece);
+        c.completion += piece;
+        ++c.completion_tokens;
+      }
+      if (finished) done.emplace_back(st.seq, reason);
+      else if (!piece.empty()) e.req->cv.notify_all();
+      return more;
+    };
     try {
-      logits = batch_.compute();
+      batch_.step(on_token);
     } catch (const std::exception& ex) {
       std::fprintf(stderr, "opt-serve: step failed: %s\n", ex.what());
       for (auto& [id, e] : active_) {
@@ -225,36 +275,16 @@ class Scheduler {
       return;
     }
     ++steps_;
-    for (const opt::SeqLogits& l : logits) {
-      Entry& e = active_.at(l.seq);
-      Choice& c = e.req->choices[e.choice];
-      const opt::StepToken st = batch_.accept(l.seq, batch_.choose(l));
-      ++generated_;
-      std::string piece = c.stream->push(st.token);
-      bool finished = st.finished;
-      std::string reason = st.reason == opt::FinishReason::length ? "length" : "stop";
-      if (!finished && c.stream->stopped()) {  // a stop string: the text ends before it
-        batch_.stop(l.seq);
-        finished = true;
-        reason = "stop";
-      }
-      if (finished) piece += c.stream->finish();
-      {
-        std::lock_guard<std::mutex> lk(e.req->m);
-        if (!piece.empty()) c.out.push_back(piece);
-        c.completion += piece;
-        ++c.completion_tokens;
-      }
-      if (finished) {
-        finish(e, &l.seq, reason);
-        batch_.release(l.seq);
-        active_.erase(l.seq);
-      } else if (!piece.empty()) {
-        e.req->cv.notify_all();
-      }
+    for (auto& [id, reason] : done) {
+      finish(active_.at(id), &id, reason);
+      batch_.release(id);
+      active_.erase(id);
     }
     active_count_ = active_.size();
     cache_bytes_ = batch_.cache_bytes();
+    proposed_ = size_t(spec_stats_.proposed);
+    accepted_ = size_t(spec_stats_.accepted);
+    passes_ = size_t(spec_stats_.passes);
   }
 
   // Marks a choice done; `id` (when given) is its sequence in the batch, for its tokens.
@@ -284,6 +314,9 @@ class Scheduler {
   opt::DecodeOptions dopts_;
   opt::Batch batch_;  // the scheduler thread's alone
   opt::dtype kv_cache_;  // every sequence's KV cache element type
+  std::shared_ptr<const opt::Speculation> spec_;  // null: plain decoding
+  opt::SpeculativeStats spec_stats_;              // the scheduler thread's; copied to the atomics after each step
+  std::string drafter_name_;
   std::map<opt::SeqId, Entry> active_;
 
   mutable std::mutex mu_;
@@ -293,7 +326,7 @@ class Scheduler {
   std::thread thread_;
 
   std::atomic<size_t> active_count_{0}, queued_{0}, completed_{0}, cancelled_{0}, steps_{0}, generated_{0},
-      cache_bytes_{0};
+      cache_bytes_{0}, proposed_{0}, accepted_{0}, passes_{0};
 };
 
 // ---- the server: model, tokenizer, scheduler, request parser -------------------------------------------------
@@ -476,6 +509,7 @@ void handle_health(Server& s, httplib::Response& res) {
   h["status"] = s.sched->stopping() ? "stopping" : "ok";
   h["model"] = s.o.model_name;
   h["context"] = s.context();
+  if (json sp = s.sched->speculation_stats(); !sp.is_null()) h["speculative"] = sp;
   res.set_content(h.dump(), "application/json");
 }
 
@@ -528,6 +562,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(0, 10000));
   app.add_option("--kv-cache", o.kv_cache, "KV cache elements: f32 (exact), f16 or bf16 (half the memory)")
       ->capture_default_str()->check(kv_cache_validator());
+  add_speculation_options(app, o.spec);
   CLI11_PARSE(app, argc, argv);
 
   // SIGINT/SIGTERM are taken by one thread with sigwait; every other thread blocks them. SIGPIPE: a client that
@@ -540,6 +575,8 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   std::unique_ptr<Server> s;
+  std::shared_ptr<opt::Drafter> drafter;
+  std::string drafter_name;
   try {
     namespace fs = std::filesystem;
     const fs::path tdir = o.tokenizer_dir.empty() ? fs::path(o.model_dir) : fs::path(o.tokenizer_dir);
@@ -556,11 +593,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "opt-serve: loaded %s in %.0f ms (context %lld, vocab %lld)\n", o.model_dir.c_str(),
                  std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
                  (long long)s->context(), (long long)s->model.config().vocab_size);
+    drafter = make_drafter(o.spec, o.model_dir, s->model, o.threads, drafter_name);
+    if (drafter)
+      std::fprintf(stderr, "opt-serve: speculative decoding: %s, K<=%lld\n", drafter_name.c_str(),
+                   (long long)o.spec.draft_tokens);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "opt-serve: %s\n", e.what());
     return 1;
   }
-  s->sched = std::make_unique<Scheduler>(s->model, s->tok, s->o);
+  s->sched = std::make_unique<Scheduler>(s->model, s->tok, s->o, std::move(drafter), drafter_name);
 
   httplib::Server http;
   const size_t http_threads = o.http_threads ? o.http_threads : o.max_batch + o.max_queue + 8;
