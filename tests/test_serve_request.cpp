@@ -1,4 +1,4 @@
-// opt-serve's request parsing (examples/opt_serve_request.hpp), without HTTP: limits, defaults, errors, and the
+// opt-serve's request parsing (examples/opt_serve/request.hpp), without HTTP: limits, defaults, errors, and the
 // replay of every input the fuzz target (tests/fuzz/fuzz_serve_request.cpp) ever found.
 #include <opt/tokenizer.hpp>
 

@@ -119,7 +119,7 @@ put("tokenizer_config", "fields.json", json.dumps({"add_bos_token": False, "add_
     "added_tokens_decoder": {"1": {"content": "<pad>", "special": True, "lstrip": False, "rstrip": False},
                              "16": {"content": "<new>", "special": False, "lstrip": True, "rstrip": True}},
     "bos_token": {"content": "<s>"}, "pad_token": None, "additional_special_tokens": ["<x>", {"content": "<y>"}]}))
-# serve_request: request bodies for both endpoints (fields, types and limits of examples/opt_serve_request.hpp)
+# serve_request: request bodies for both endpoints (fields, types and limits of examples/opt_serve/request.hpp)
 bodies = [
     {"prompts": ["Hello, my dog is cute", "The capital of France is"], "max_new_tokens": 10},
     {"prompts": ["a"]}, {"prompts": [], "max_new_tokens": 5}, {"prompts": ["x" * 300], "max_new_tokens": 60},

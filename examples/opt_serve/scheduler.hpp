@@ -1,0 +1,251 @@
+// opt-serve's scheduler: the one thread that owns the model's opt::Batch. HTTP threads submit requests (their
+// choices queue up); between two steps the scheduler admits waiting sequences (up to --max-batch running), drops
+// those whose client went away (Batch::stop frees the KV cache at once), runs one step for all of them, and hands
+// each new token to its request's TextStream (streaming detokenizer + stop strings).
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <opt/batch.hpp>
+#include <opt/generate.hpp>
+#include <opt/model.hpp>
+#include <opt/tokenizer.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "options.hpp"
+#include "request.hpp"
+
+namespace opt_serve {
+
+// ---- requests and the scheduler ------------------------------------------------------------------------------------
+
+class Scheduler {
+ public:
+  Scheduler(const opt::Model& model, const opt::Tokenizer& tok, const ServerOptions& o)
+      : tok_(tok), opts_(o), batch_(model, o.threads), kv_cache_(opt::kv_cache_type_from_string(o.kv_cache)) {
+    dopts_.skip_special_tokens = true;
+    // clean_up_tokenization_spaces: the tokenizer's default, as batch_decode
+  }
+
+  void start() { thread_ = std::thread([this] { run(); }); }
+
+  // Stops the loop: every request still running or waiting fails with "server shutting down".
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Queues every choice of a request; false when the queue has no room for all of them (nothing is queued).
+  bool submit(const std::shared_ptr<Request>& r) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stopping_) return false;
+      if (pending_.size() + r->choices.size() > opts_.max_queue + free_slots_locked()) return false;
+      r->remaining = r->choices.size();
+      for (size_t i = 0; i < r->choices.size(); ++i) {
+        r->choices[i].stream = std::make_unique<opt::TextStream>(tok_, r->choices[i].stop, dopts_);
+        pending_.push_back({r, i});
+      }
+      queued_ = pending_.size();
+    }
+    cv_.notify_all();
+    return true;
+  }
+
+  void wake() { cv_.notify_all(); }
+  bool stopping() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stopping_;
+  }
+
+  json stats() const {
+    return {{"active", active_count_.load()},     {"queued", queued_.load()},
+            {"max_batch", opts_.max_batch},       {"max_queue", opts_.max_queue},
+            {"completed", completed_.load()},     {"cancelled", cancelled_.load()},
+            {"steps", steps_.load()},             {"generated_tokens", generated_.load()},
+            {"kv_cache_bytes", cache_bytes_.load()}};
+  }
+
+  const opt::DecodeOptions& decode_options() const { return dopts_; }
+
+ private:
+  struct Entry {
+    std::shared_ptr<Request> req;
+    size_t choice;
+  };
+
+  size_t free_slots_locked() const { return opts_.max_batch - std::min(opts_.max_batch, active_count_.load()); }
+
+  void run() {
+    for (;;) {
+      std::vector<Entry> admitted;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stopping_ || !pending_.empty() || !active_.empty(); });
+        if (stopping_) break;
+        while (!pending_.empty() && active_.size() + admitted.size() < opts_.max_batch) {
+          admitted.push_back(pending_.front());
+          pending_.pop_front();
+        }
+        queued_ = pending_.size();
+      }
+      for (Entry& e : admitted) admit(e);
+      drop_cancelled();
+      if (active_.empty()) continue;
+      step();
+      if (opts_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opts_.step_delay_ms));
+    }
+    // shutting down: fail whatever is left
+    std::deque<Entry> left;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      left.swap(pending_);
+      queued_ = 0;
+    }
+    for (auto& [id, e] : active_) left.push_back(e);
+    for (Entry& e : left) fail(e, "server shutting down");
+    active_.clear();
+    active_count_ = 0;
+  }
+
+  void admit(const Entry& e) {
+    Choice& c = e.req->choices[e.choice];
+    if (e.req->cancelled) {
+      finish(e, nullptr, "cancelled");
+      ++cancelled_;
+      return;
+    }
+    opt::SeqId id = 0;
+    try {
+      opt::SequenceOptions so = c.opts;
+      so.kv_cache = kv_cache_;
+      id = batch_.add(c.prompt, so);
+    } catch (const std::exception& ex) {  // validated before; should not happen
+      fail(e, ex.what());
+      return;
+    }
+    if (batch_.finished(id)) {  // max_new_tokens = 0
+      finish(e, &id, "length");
+      batch_.release(id);
+      return;
+    }
+    active_.emplace(id, e);
+    active_count_ = active_.size();
+  }
+
+  void drop_cancelled() {
+    for (auto it = active_.begin(); it != active_.end();) {
+      if (it->second.req->cancelled) {
+        batch_.stop(it->first);  // frees the KV cache now
+        finish(it->second, nullptr, "cancelled");
+        batch_.release(it->first);
+        ++cancelled_;
+        it = active_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    active_count_ = active_.size();
+    cache_bytes_ = batch_.cache_bytes();
+  }
+
+  void step() {
+    std::vector<opt::SeqLogits> logits;
+    try {
+      logits = batch_.compute();
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "opt-serve: step failed: %s\n", ex.what());
+      for (auto& [id, e] : active_) {
+        fail(e, std::string("internal error: ") + ex.what());
+        batch_.release(id);
+      }
+      active_.clear();
+      active_count_ = 0;
+      return;
+    }
+    ++steps_;
+    for (const opt::SeqLogits& l : logits) {
+      Entry& e = active_.at(l.seq);
+      Choice& c = e.req->choices[e.choice];
+      const opt::StepToken st = batch_.accept(l.seq, batch_.choose(l));
+      ++generated_;
+      std::string piece = c.stream->push(st.token);
+      bool finished = st.finished;
+      std::string reason = st.reason == opt::FinishReason::length ? "length" : "stop";
+      if (!finished && c.stream->stopped()) {  // a stop string: the text ends before it
+        batch_.stop(l.seq);
+        finished = true;
+        reason = "stop";
+      }
+      if (finished) piece += c.stream->finish();
+      {
+        std::lock_guard<std::mutex> lk(e.req->m);
+        if (!piece.empty()) c.out.push_back(piece);
+        c.completion += piece;
+        ++c.completion_tokens;
+      }
+      if (finished) {
+        finish(e, &l.seq, reason);
+        batch_.release(l.seq);
+        active_.erase(l.seq);
+      } else if (!piece.empty()) {
+        e.req->cv.notify_all();
+      }
+    }
+    active_count_ = active_.size();
+    cache_bytes_ = batch_.cache_bytes();
+  }
+
+  // Marks a choice done; `id` (when given) is its sequence in the batch, for its tokens.
+  void finish(const Entry& e, const opt::SeqId* id, const std::string& reason) {
+    Choice& c = e.req->choices[e.choice];
+    {
+      std::lock_guard<std::mutex> lk(e.req->m);
+      c.done = true;
+      c.finish_reason = reason;
+      c.tokens = id ? batch_.tokens(*id) : c.prompt;
+      --e.req->remaining;
+    }
+    if (reason != "cancelled") ++completed_;
+    e.req->cv.notify_all();
+  }
+
+  void fail(const Entry& e, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lk(e.req->m);
+      if (e.req->failure.empty()) e.req->failure = why;
+    }
+    finish(e, nullptr, "error");
+  }
+
+  opt::Tokenizer tok_;
+  const ServerOptions& opts_;
+  opt::DecodeOptions dopts_;
+  opt::Batch batch_;  // the scheduler thread's alone
+  opt::dtype kv_cache_;  // every sequence's KV cache element type
+  std::map<opt::SeqId, Entry> active_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Entry> pending_;
+  bool stopping_ = false;
+  std::thread thread_;
+
+  std::atomic<size_t> active_count_{0}, queued_{0}, completed_{0}, cancelled_{0}, steps_{0}, generated_{0},
+      cache_bytes_{0};
+};
+
+}  // namespace opt_serve
