@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "metrics.hpp"
 #include "options.hpp"
 #include "request.hpp"
 
@@ -80,6 +81,7 @@ class Scheduler {
   }
 
   const opt::DecodeOptions& decode_options() const { return dopts_; }
+  const Histogram& step_seconds() const { return step_seconds_; }  // each step's time (GET /metrics)
 
  private:
   struct Entry {
@@ -105,7 +107,9 @@ class Scheduler {
       for (Entry& e : admitted) admit(e);
       drop_cancelled();
       if (active_.empty()) continue;
+      const auto t0 = std::chrono::steady_clock::now();
       step();
+      step_seconds_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       if (opts_.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(opts_.step_delay_ms));
     }
     // shutting down: fail whatever is left
@@ -195,6 +199,7 @@ class Scheduler {
         std::lock_guard<std::mutex> lk(e.req->m);
         if (!piece.empty()) c.out.push_back(piece);
         c.completion += piece;
+        if (c.completion_tokens == 0) c.first_token_at = std::chrono::steady_clock::now();
         ++c.completion_tokens;
       }
       if (finished) {
@@ -202,7 +207,7 @@ class Scheduler {
         batch_.release(l.seq);
         active_.erase(l.seq);
       } else if (!piece.empty()) {
-        e.req->cv.notify_all();
+        e.req->notify();
       }
     }
     active_count_ = active_.size();
@@ -220,7 +225,7 @@ class Scheduler {
       --e.req->remaining;
     }
     if (reason != "cancelled") ++completed_;
-    e.req->cv.notify_all();
+    e.req->notify();
   }
 
   void fail(const Entry& e, const std::string& why) {
@@ -246,6 +251,7 @@ class Scheduler {
 
   std::atomic<size_t> active_count_{0}, queued_{0}, completed_{0}, cancelled_{0}, steps_{0}, generated_{0},
       cache_bytes_{0};
+  Histogram step_seconds_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
 };
 
 }  // namespace opt_serve
