@@ -250,7 +250,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void route() {
     const http::verb m = body_->get().method();
     const std::string& body = body_->get().body();
-    const bool post = m == http::verb::post, get = m == http::verb::get;
+    // HEAD: the GET answer's status and headers, without its body
+    head_only_ = m == http::verb::head;
+    const bool post = m == http::verb::post, get = m == http::verb::get || head_only_;
     if (post && path_ == "/generate") return start_generate(body);
     if (post && path_ == "/v1/completions") return start_completion(body);
     Reply r;
@@ -459,6 +461,8 @@ class Session : public std::enable_shared_from_this<Session> {
     res_->body() = std::move(r.body);
     res_->keep_alive(keep_alive_ && !drain && !h_.stopping());
     res_->prepare_payload();
+    if (head_only_) res_->body().clear();  // Content-Length stays the GET answer's
+    head_only_ = false;
     stream_.expires_after(std::chrono::seconds(o().timeout_s));
     http::async_write(stream_, *res_, [self = shared_from_this(), drain](beast::error_code ec, size_t) {
       self->on_written(ec, drain);
@@ -521,7 +525,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::empty_body>> head_;
   std::optional<http::request_parser<http::string_body>> body_;
   std::optional<http::response<http::string_body>> res_;
-  bool keep_alive_ = true, latency_pending_ = false;
+  bool keep_alive_ = true, latency_pending_ = false, head_only_ = false;
   std::string path_, endpoint_ = "other";
   Clock::time_point arrived_;
   // a generation: the request, and how to answer it (non-streaming) or where its stream is

@@ -36,6 +36,24 @@ test("tokenize / detokenize: the goldens' ids, and back to the text", async () =
   }
 });
 
+test("HEAD: a GET endpoint's status and headers without its body", async () => {
+  const srv = await startServer();
+  try {
+    for (const p of ["/", "/health", "/v1/models"]) {
+      const get = await fetch(`${srv.url}${p}`);
+      const body = await get.text();
+      const head = await fetch(`${srv.url}${p}`, { method: "HEAD" });
+      assert.equal(head.status, 200, p);
+      assert.equal(head.headers.get("content-type"), get.headers.get("content-type"), p);
+      if (p === "/") assert.equal(Number(head.headers.get("content-length")), Buffer.byteLength(body));
+      assert.equal(await head.text(), "", p);
+    }
+    assert.equal((await fetch(`${srv.url}/nope`, { method: "HEAD" })).status, 404);
+  } finally {
+    assert.equal((await srv.stop()).code, 0, srv.stderr());
+  }
+});
+
 for (const how of ["--api-key", "--api-key-file"]) {
   test(`${how}: 401 without the key, 200 with it; /health needs none`, async () => {
     const dir = mkdtempSync(path.join(os.tmpdir(), "opt-serve-key-"));
