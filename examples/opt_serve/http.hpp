@@ -43,6 +43,31 @@ using tcp = net::ip::tcp;
 
 class Session;
 
+// The open sessions, shared with each of them: a session may outlive the HttpServer (a handler still queued in
+// the io_context when it is destroyed).
+struct Sessions {
+  std::mutex mu;
+  std::map<uint64_t, std::weak_ptr<Session>> open;
+  uint64_t next_id = 0;
+
+  uint64_t add(const std::weak_ptr<Session>& s) {
+    std::lock_guard<std::mutex> lk(mu);
+    open.emplace(++next_id, s);
+    return next_id;
+  }
+  void remove(uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu);
+    open.erase(id);
+  }
+  std::vector<std::shared_ptr<Session>> all() {
+    std::vector<std::shared_ptr<Session>> out;
+    std::lock_guard<std::mutex> lk(mu);
+    for (auto& [id, w] : open)
+      if (auto s = w.lock()) out.push_back(std::move(s));
+    return out;
+  }
+};
+
 // The listening socket and the open sessions.
 class HttpServer {
  public:
@@ -70,18 +95,12 @@ class HttpServer {
   // after their answer (the scheduler's shutdown fails what is left).
   void begin_shutdown();
 
+  // After the I/O threads ended: every session lets go of its request (a request's hook holds its session).
+  void abandon_all();
+
   Server& server() { return server_; }
   bool stopping() const { return stopping_; }
-
-  uint64_t add(const std::weak_ptr<Session>& s) {
-    std::lock_guard<std::mutex> lk(mu_);
-    sessions_.emplace(++next_id_, s);
-    return next_id_;
-  }
-  void remove(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu_);
-    sessions_.erase(id);
-  }
+  const std::shared_ptr<Sessions>& sessions() const { return sessions_; }
 
  private:
   void accept();
@@ -91,25 +110,23 @@ class HttpServer {
   tcp::acceptor acceptor_;
   net::steady_timer retry_;  // after an accept error (no file descriptors left): try again a little later
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
-  std::map<uint64_t, std::weak_ptr<Session>> sessions_;
-  uint64_t next_id_ = 0;
+  std::shared_ptr<Sessions> sessions_ = std::make_shared<Sessions>();
 };
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
   // `counted`: an open connection of the --max-connections cap (a refused one is not).
   Session(HttpServer& h, tcp::socket&& socket, bool counted)
-      : h_(h), s_(h.server()), stream_(std::move(socket)), counted_(counted) {
+      : h_(h), s_(h.server()), sessions_(h.sessions()), stream_(std::move(socket)), counted_(counted) {
     if (counted_) ++s_.connections;
   }
   ~Session() {
     if (counted_) --s_.connections;
-    if (id_) h_.remove(id_);
+    if (id_) sessions_->remove(id_);
   }
 
   void start() {
-    id_ = h_.add(weak_from_this());
+    id_ = sessions_->add(weak_from_this());
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_head(); });
   }
 
@@ -121,6 +138,14 @@ class Session : public std::enable_shared_from_this<Session> {
                                      "too_many_connections"}),
                         true);
     });
+  }
+
+  // After the I/O threads ended (no handler runs): drop the request and its hook.
+  void abandon() {
+    if (req_) unhook(*req_);
+    req_.reset();
+    stream_req_.reset();
+    answer_ = nullptr;
   }
 
   // Shutdown: a connection that waits for (or reads) a request is closed now.
@@ -517,6 +542,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   HttpServer& h_;
   Server& s_;
+  std::shared_ptr<Sessions> sessions_;
   beast::tcp_stream stream_;
   bool counted_;
   uint64_t id_ = 0;
@@ -571,13 +597,11 @@ inline void HttpServer::begin_shutdown() {
     acceptor_.close(ec);
     retry_.cancel();
   });
-  std::vector<std::shared_ptr<Session>> open;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [id, w] : sessions_)
-      if (auto s = w.lock()) open.push_back(std::move(s));
-  }
-  for (auto& s : open) s->stop_if_idle();  // (outside the lock: the last reference may go here)
+  for (auto& s : sessions_->all()) s->stop_if_idle();
+}
+
+inline void HttpServer::abandon_all() {
+  for (auto& s : sessions_->all()) s->abandon();
 }
 
 }  // namespace opt_serve

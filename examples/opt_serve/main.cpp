@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
   for (size_t i = 1; i < io_threads; ++i) pool.emplace_back([&ioc] { ioc.run(); });
   ioc.run();
   for (auto& t : pool) t.join();
+  http.abandon_all();  // what is left (past the 3 s) is dropped with the io_context
   // run() can also end without a signal (nothing left to do): let the signal thread finish
   if (!srv.sched->stopping()) {
     pthread_kill(signals.native_handle(), SIGTERM);
