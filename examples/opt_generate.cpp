@@ -11,9 +11,10 @@
 //       "text" (prompt + completion, special tokens skipped) when a tokenizer is available, and with --logits
 //       "logits": [...], the logits that chose the first new token.
 //
-//   Speculative decoding (greedy only; the output is exactly plain decoding's): --draft DIR (a draft model with
-//   the same vocabulary), --draft-self int8|int4 (the model's own weights quantized) or --lookup N (prompt lookup with
-//   n-grams up to N), --draft-tokens K (default 4); --stats adds the acceptance rate and tokens per pass.
+//   Speculative decoding (greedy: the output is exactly plain decoding's; sampling: the same distribution, the same
+//   output for the same seed): --draft DIR (a draft model with the same vocabulary), --draft-self int8|int4 (the
+//   model's own weights quantized) or --lookup N (prompt lookup with n-grams up to N), --draft-tokens K (default 4);
+//   --stats adds the acceptance rate and tokens per pass.
 // Exit code 0 on success; on any error one line on stderr and a non-zero exit.
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -27,6 +28,7 @@
 #include <optional>
 
 #include "kv_cache_option.hpp"
+#include "speculation_option.hpp"
 
 namespace {
 
@@ -42,14 +44,13 @@ struct Args {
   opt::SamplingOptions sampling;
   std::string quantize = "none";
   bool lm_head_int8 = false;
-  std::string draft, draft_self;  // speculative decoding: a draft model folder, or the model's own weights quantized
-  int64_t lookup = 0, draft_tokens = 4;
+  SpeculationFlags spec;  // speculative decoding: --draft, --draft-self, --lookup, --draft-tokens
   std::string kv_cache = "f32";
 };
 
 // The drafter the flags ask for (null: plain decoding), and its name for --stats.
 struct Speculation {
-  std::unique_ptr<opt::Drafter> drafter;
+  std::shared_ptr<opt::Drafter> drafter;
   std::string name;
   opt::SpeculativeOptions options;
   opt::SpeculativeStats stats;
@@ -57,25 +58,8 @@ struct Speculation {
 
 Speculation make_speculation(const Args& a, const opt::Model& model, size_t threads) {
   Speculation sp;
-  const int n = int(!a.draft.empty()) + int(!a.draft_self.empty()) + int(a.lookup > 0);
-  if (n > 1) throw opt::input_error("give one drafter: --draft, --draft-self or --lookup");
-  sp.options.draft_tokens = a.draft_tokens;
-  if (!a.draft.empty()) {
-    opt::Model d = opt::Model::load(a.draft);
-    if (d.config().vocab_size > model.config().vocab_size)
-      throw opt::input_error("--draft " + a.draft + ": vocabulary of " + std::to_string(d.config().vocab_size) +
-                             " tokens, larger than the model's " + std::to_string(model.config().vocab_size));
-    sp.drafter = std::make_unique<opt::ModelDrafter>(d, threads);
-    sp.name = "draft model " + a.draft;
-  } else if (!a.draft_self.empty()) {
-    opt::LoadOptions lo;
-    lo.quantize = a.draft_self == "int4" ? opt::quantization::int4 : opt::quantization::int8;
-    sp.drafter = std::make_unique<opt::ModelDrafter>(opt::Model::load(a.model, lo), threads);
-    sp.name = "self draft " + a.draft_self;
-  } else if (a.lookup > 0) {
-    sp.drafter = std::make_unique<opt::PromptLookupDrafter>(a.lookup);
-    sp.name = "prompt lookup n<=" + std::to_string(a.lookup);
-  }
+  sp.options.draft_tokens = a.spec.draft_tokens;
+  sp.drafter = make_drafter(a.spec, a.model, model, threads, sp.name);
   return sp;
 }
 
@@ -267,13 +251,7 @@ int main(int argc, char** argv) {
       ->check(kv_cache_validator());
   app.add_flag("--quantize-lm-head", a.lm_head_int8, "with --quantize int8 or int4, quantize the LM head too");
   app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too; with a drafter, its acceptance rate");
-  app.add_option("--draft", a.draft, "speculative decoding with this draft model (same vocabulary), greedy only");
-  app.add_option("--draft-self", a.draft_self, "speculative decoding with the model's own weights quantized")
-      ->check(CLI::IsMember({"int8", "int4"}));
-  app.add_option("--lookup", a.lookup, "speculative decoding by prompt lookup, n-grams up to N")
-      ->check(CLI::Range(int64_t(1), int64_t(16)));
-  app.add_option("--draft-tokens", a.draft_tokens, "speculative decoding: the most tokens drafted a pass (default 4)")
-      ->check(CLI::Range(int64_t(1), int64_t(64)));
+  add_speculation_options(app, a.spec);
   app.add_flag("--no-stream", a.no_stream, "-p: print the answer at the end instead of streaming it");
   try {
     app.parse(argc, argv);

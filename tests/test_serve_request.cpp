@@ -105,6 +105,17 @@ TEST_CASE("a seed gives each choice its own stream; echo returns the prompt") {
   CHECK(opt_serve::error_body(opt_serve::bad_request(std::string("bad \xff byte"))).find("bad") != std::string::npos);
 }
 
+TEST_CASE("\"speculative\": true by default, false opts every choice out, anything else is a 400") {
+  const RequestParser p(tokenizer(), RequestRules{64, 50272, 48, 4}, 1);
+  CHECK(p.parse_generate(R"({"prompts": ["a", "b"]})")->choices[1].speculative);
+  for (const auto& c : p.parse_generate(R"({"prompts": ["a", "b"], "speculative": false})")->choices)
+    CHECK_FALSE(c.speculative);
+  CHECK(p.parse_completion(R"({"prompt": "a"})").req->choices[0].speculative);
+  CHECK_FALSE(p.parse_completion(R"({"prompt": ["a", "b"], "speculative": false})").req->choices[1].speculative);
+  CHECK(error_of([&] { p.parse_generate(R"({"prompts": ["a"], "speculative": 1})"); }).param == "speculative");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "speculative": "no"})"); }).param == "speculative");
+}
+
 TEST_CASE("tokenize and detokenize: llama.cpp's shapes, a round trip, errors naming the field") {
   const RequestParser p(tokenizer(), RequestRules{64, 50272, 0, 4}, 1);
   CHECK(p.tokenize(R"({"prompt": "Hello"})") == R"({"tokens":[2,31414]})");

@@ -214,6 +214,7 @@ inline Reply health_reply(const Server& s) {
   h["status"] = s.sched->stopping() ? "stopping" : "ok";
   h["model"] = s.o.model_name;
   h["context"] = s.context();
+  if (json sp = s.sched->speculation_stats(); !sp.is_null()) h["speculative"] = sp;
   return json_reply(h);
 }
 
@@ -235,6 +236,14 @@ inline Reply metrics_reply(const Server& s) {
   write_metric(out, "opt_serve_kv_cache_bytes", "gauge", "bytes of the running sequences' KV caches",
                st["kv_cache_bytes"].get<double>());
   write_metric(out, "opt_serve_connections", "gauge", "open HTTP connections", double(s.connections.load()));
+  if (const json sp = s.sched->speculation_stats(); !sp.is_null()) {
+    write_metric(out, "opt_serve_draft_tokens_proposed_total", "counter", "tokens the drafter proposed",
+                 sp["proposed"].get<double>());
+    write_metric(out, "opt_serve_draft_tokens_accepted_total", "counter", "proposed tokens the model kept",
+                 sp["accepted"].get<double>());
+    write_metric(out, "opt_serve_speculative_passes_total", "counter", "verification passes with proposals",
+                 sp["passes"].get<double>());
+  }
   s.sched->step_seconds().write(out, "opt_serve_step_seconds", "time of one step of the batch");
   s.metrics.ttft_seconds.write(out, "opt_serve_time_to_first_token_seconds",
                                "a sequence's first token, from its request's arrival");

@@ -4,6 +4,7 @@
 //             [--max-queue 64] [--max-body-bytes 1048576] [--max-tokens-limit N] [--max-prompts 32]
 //             [--kv-cache f32|f16|bf16] [--max-connections 4096] [--head-timeout 10] [--body-timeout 30]
 //             [--timeout 30] [--api-key KEY | --api-key-file FILE]
+//             [--lookup N | --draft-self int8|int4 | --draft DIR] [--draft-tokens K]
 //
 // Endpoints
 //   POST /generate        {"prompts": [...], "max_new_tokens": 50} -> {"texts": [...]}: greedy, each text starts
@@ -25,6 +26,14 @@
 // (streaming detokenizer + stop strings). Every sequence has its own cache, positions and sampler, so its answer is
 // the one it gets alone. Sequences beyond --max-batch wait in a queue of --max-queue; past that a request gets 429.
 // Errors are JSON: {"error": {"message", "type", "param", "code"}}.
+//
+// Speculative decoding (the flags of opt-generate): --lookup N (prompt lookup, n-grams up to N), --draft-self
+// int8|int4 (the model's own weights quantized) or --draft DIR (a draft model with the same vocabulary), with
+// --draft-tokens K (default 4, adaptive). Every sequence then speculates inside the shared batch step (a request
+// opts out with "speculative": false, in /generate and /v1/completions). Greedy answers are exactly the same as
+// without the flag; a seeded sampling answer is the same on every run and in any batch, drawn from the same
+// distribution as without the flag but with draws of its own (opt out to get the plain sampler's draws).
+// /health then adds "speculative": {"drafter", "proposed", "accepted", "passes"}; /metrics the same counters.
 #include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
@@ -42,6 +51,7 @@
 #include <vector>
 
 #include "../kv_cache_option.hpp"
+#include "../speculation_option.hpp"
 #include "api.hpp"
 #include "http.hpp"
 #include "options.hpp"
@@ -115,6 +125,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(0, 10000));
   app.add_option("--kv-cache", o.kv_cache, "KV cache elements: f32 (exact), f16 or bf16 (half the memory)")
       ->capture_default_str()->check(kv_cache_validator());
+  add_speculation_options(app, o.spec);
   CLI11_PARSE(app, argc, argv);
 
   // SIGINT/SIGTERM are taken by one thread with sigwait; every other thread blocks them. SIGPIPE: a client that
@@ -132,6 +143,8 @@ int main(int argc, char** argv) {
                  (unsigned long long)files, o.max_connections);
 
   std::unique_ptr<Server> s;
+  std::shared_ptr<opt::Drafter> drafter;
+  std::string drafter_name;
   try {
     if (!api_key_file.empty()) api_key = read_key_file(api_key_file);
     else if (app.count("--api-key") && api_key.empty()) throw std::runtime_error("--api-key is empty");
@@ -151,12 +164,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "opt-serve: loaded %s in %.0f ms (context %lld, vocab %lld)\n", o.model_dir.c_str(),
                  std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
                  (long long)s->context(), (long long)s->model.config().vocab_size);
+    drafter = make_drafter(o.spec, o.model_dir, s->model, o.threads, drafter_name);
+    if (drafter)
+      std::fprintf(stderr, "opt-serve: speculative decoding: %s, K<=%lld\n", drafter_name.c_str(),
+                   (long long)o.spec.draft_tokens);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "opt-serve: %s\n", e.what());
     return 1;
   }
   Server& srv = *s;
-  srv.sched = std::make_unique<Scheduler>(srv.model, srv.tok, srv.o);
+  srv.sched = std::make_unique<Scheduler>(srv.model, srv.tok, srv.o, std::move(drafter), drafter_name);
 
   net::io_context ioc;
   HttpServer http(srv, ioc);

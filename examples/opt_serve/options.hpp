@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "../speculation_option.hpp"
+
 namespace opt_serve {
 
 struct ServerOptions {
@@ -18,6 +20,7 @@ struct ServerOptions {
   size_t max_connections = 4096;  // open connections; beyond: 503 and close
   int step_delay_ms = 0;  // testing and demos: sleep after each step so streams can be watched
   std::string kv_cache = "f32";  // every sequence's KV cache element type (--kv-cache)
+  SpeculationFlags spec;         // --lookup, --draft-self, --draft, --draft-tokens
 };
 
 }  // namespace opt_serve

@@ -55,6 +55,7 @@ struct Choice {
   std::vector<int32_t> prompt;
   opt::SequenceOptions opts;
   std::vector<std::string> stop;
+  bool speculative = true;  // "speculative": false opts out of the server's speculative decoding
   // the scheduler's alone
   std::unique_ptr<opt::TextStream> stream;
   // guarded by Request::m
@@ -219,7 +220,7 @@ class RequestParser {
     return json{{"prompt", tok_.decode(ids, d)}}.dump(-1, ' ', false, json::error_handler_t::replace);
   }
 
-  // POST /generate: {"prompts": ["text", ...], "max_new_tokens": 50}; greedy, stop at EOS.
+  // POST /generate: {"prompts": ["text", ...], "max_new_tokens": 50, "speculative": true}; greedy, stop at EOS.
   std::shared_ptr<Request> parse_generate(const std::string& body) const {
     const json j = parse_body(body);
     auto pit = j.find("prompts");
@@ -233,6 +234,7 @@ class RequestParser {
     // the default (50, as transformers' examples) is capped by the server's limit; an explicit value is checked
     const int64_t max_new = get_int(j, "max_new_tokens", std::min<int64_t>(50, rules_.max_tokens_limit), 0,
                                     rules_.max_tokens_limit);
+    const bool speculative = get_bool(j, "speculative", true);
     auto r = std::make_shared<Request>();
     r->choices.resize(pit->size());
     for (size_t i = 0; i < pit->size(); ++i) {
@@ -241,13 +243,15 @@ class RequestParser {
       Choice& c = r->choices[i];
       c.prompt = tok_.encode(p.get<std::string>(), true);
       c.opts.stop_at_eos = true;  // greedy: default SamplingOptions
+      c.speculative = speculative;
       fit_context(c, max_new, explicit_max, "max_new_tokens");
     }
     return r;
   }
 
   // POST /v1/completions (OpenAI): prompt (string, list of strings, ids or lists of ids), max_tokens, temperature,
-  // top_p, top_k, repetition_penalty, stop, seed, echo, n = 1, stream, stream_options.
+  // top_p, top_k, repetition_penalty, stop, seed, echo, n = 1, stream, stream_options; and "speculative" (false: no
+  // speculative decoding for this request).
   CompletionRequest parse_completion(const std::string& body) const {
     const json j = parse_body(body);
     CompletionRequest cr;
@@ -273,6 +277,7 @@ class RequestParser {
       cr.include_usage = get_bool(*it, "include_usage", false);
     }
     const bool echo = get_bool(j, "echo", false);
+    const bool speculative = get_bool(j, "speculative", true);
 
     opt::SequenceOptions so;
     so.stop_at_eos = true;
@@ -343,6 +348,7 @@ class RequestParser {
       // in any batch
       c.opts.sampling.seed = has_seed ? uint64_t(seed) + i : seed_base_ + (first + i) * 0x9E3779B97F4A7C15ull;
       c.stop = stop;
+      c.speculative = speculative;
       fit_context(c, max_tokens, explicit_max, "max_tokens");
       if (echo) {
         std::vector<int32_t> known;

@@ -1,7 +1,8 @@
 // opt-serve's scheduler: the one thread that owns the model's opt::Batch. HTTP threads submit requests (their
 // choices queue up); between two steps the scheduler admits waiting sequences (up to --max-batch running), drops
 // those whose client went away (Batch::stop frees the KV cache at once), runs one step for all of them, and hands
-// each new token to its request's TextStream (streaming detokenizer + stop strings).
+// each new token to its request's TextStream (streaming detokenizer + stop strings). With a drafter (--lookup,
+// --draft-self, --draft) every sequence that does not opt out speculates inside that step (opt::speculation).
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <opt/batch.hpp>
 #include <opt/generate.hpp>
 #include <opt/model.hpp>
+#include <opt/speculative.hpp>
 #include <opt/tokenizer.hpp>
 #include <string>
 #include <thread>
@@ -31,10 +33,18 @@ namespace opt_serve {
 
 class Scheduler {
  public:
-  Scheduler(const opt::Model& model, const opt::Tokenizer& tok, const ServerOptions& o)
-      : tok_(tok), opts_(o), batch_(model, o.threads), kv_cache_(opt::kv_cache_type_from_string(o.kv_cache)) {
+  // `drafter`: speculative decoding for every sequence that does not opt out (null: none).
+  Scheduler(const opt::Model& model, const opt::Tokenizer& tok, const ServerOptions& o,
+            std::shared_ptr<opt::Drafter> drafter = nullptr, std::string drafter_name = {})
+      : tok_(tok), opts_(o), batch_(model, o.threads), kv_cache_(opt::kv_cache_type_from_string(o.kv_cache)),
+        drafter_name_(std::move(drafter_name)) {
     dopts_.skip_special_tokens = true;
     // clean_up_tokenization_spaces: the tokenizer's default, as batch_decode
+    if (drafter) {
+      opt::SpeculativeOptions so;
+      so.draft_tokens = o.spec.draft_tokens;
+      spec_ = opt::speculation(std::move(drafter), so, &spec_stats_);
+    }
   }
 
   void start() { thread_ = std::thread([this] { run(); }); }
@@ -78,6 +88,12 @@ class Scheduler {
             {"completed", completed_.load()},     {"cancelled", cancelled_.load()},
             {"steps", steps_.load()},             {"generated_tokens", generated_.load()},
             {"kv_cache_bytes", cache_bytes_.load()}};
+  }
+  // {"drafter", "proposed", "accepted", "passes"} when the server speculates; null otherwise.
+  json speculation_stats() const {
+    if (!spec_) return nullptr;
+    return {{"drafter", drafter_name_}, {"proposed", proposed_.load()}, {"accepted", accepted_.load()},
+            {"passes", passes_.load()}};
   }
 
   const opt::DecodeOptions& decode_options() const { return dopts_; }
@@ -136,6 +152,7 @@ class Scheduler {
     try {
       opt::SequenceOptions so = c.opts;
       so.kv_cache = kv_cache_;
+      if (c.speculative) so.speculation = spec_;
       id = batch_.add(c.prompt, so);
     } catch (const std::exception& ex) {  // validated before; should not happen
       fail(e, ex.what());
@@ -167,30 +184,18 @@ class Scheduler {
   }
 
   void step() {
-    std::vector<opt::SeqLogits> logits;
-    try {
-      logits = batch_.compute();
-    } catch (const std::exception& ex) {
-      std::fprintf(stderr, "opt-serve: step failed: %s\n", ex.what());
-      for (auto& [id, e] : active_) {
-        fail(e, std::string("internal error: ") + ex.what());
-        batch_.release(id);
-      }
-      active_.clear();
-      active_count_ = 0;
-      return;
-    }
-    ++steps_;
-    for (const opt::SeqLogits& l : logits) {
-      Entry& e = active_.at(l.seq);
+    // each new token as the batch accepts it (a speculating sequence may get several in a step): to its stream;
+    // false stops the sequence there (a stop string)
+    std::vector<std::pair<opt::SeqId, std::string>> done;  // finished this step, with their finish reason
+    auto on_token = [&](const opt::StepToken& st) {
+      Entry& e = active_.at(st.seq);
       Choice& c = e.req->choices[e.choice];
-      const opt::StepToken st = batch_.accept(l.seq, batch_.choose(l));
       ++generated_;
       std::string piece = c.stream->push(st.token);
-      bool finished = st.finished;
+      bool finished = st.finished, more = true;
       std::string reason = st.reason == opt::FinishReason::length ? "length" : "stop";
       if (!finished && c.stream->stopped()) {  // a stop string: the text ends before it
-        batch_.stop(l.seq);
+        more = false;
         finished = true;
         reason = "stop";
       }
@@ -202,16 +207,33 @@ class Scheduler {
         if (c.completion_tokens == 0) c.first_token_at = std::chrono::steady_clock::now();
         ++c.completion_tokens;
       }
-      if (finished) {
-        finish(e, &l.seq, reason);
-        batch_.release(l.seq);
-        active_.erase(l.seq);
-      } else if (!piece.empty()) {
-        e.req->notify();
+      if (finished) done.emplace_back(st.seq, reason);
+      else if (!piece.empty()) e.req->notify();
+      return more;
+    };
+    try {
+      batch_.step(on_token);
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "opt-serve: step failed: %s\n", ex.what());
+      for (auto& [id, e] : active_) {
+        fail(e, std::string("internal error: ") + ex.what());
+        batch_.release(id);
       }
+      active_.clear();
+      active_count_ = 0;
+      return;
+    }
+    ++steps_;
+    for (auto& [id, reason] : done) {
+      finish(active_.at(id), &id, reason);
+      batch_.release(id);
+      active_.erase(id);
     }
     active_count_ = active_.size();
     cache_bytes_ = batch_.cache_bytes();
+    proposed_ = size_t(spec_stats_.proposed);
+    accepted_ = size_t(spec_stats_.accepted);
+    passes_ = size_t(spec_stats_.passes);
   }
 
   // Marks a choice done; `id` (when given) is its sequence in the batch, for its tokens.
@@ -241,6 +263,9 @@ class Scheduler {
   opt::DecodeOptions dopts_;
   opt::Batch batch_;  // the scheduler thread's alone
   opt::dtype kv_cache_;  // every sequence's KV cache element type
+  std::shared_ptr<const opt::Speculation> spec_;  // null: plain decoding
+  opt::SpeculativeStats spec_stats_;              // the scheduler thread's; copied to the atomics after each step
+  std::string drafter_name_;
   std::map<opt::SeqId, Entry> active_;
 
   mutable std::mutex mu_;
@@ -250,7 +275,7 @@ class Scheduler {
   std::thread thread_;
 
   std::atomic<size_t> active_count_{0}, queued_{0}, completed_{0}, cancelled_{0}, steps_{0}, generated_{0},
-      cache_bytes_{0};
+      cache_bytes_{0}, proposed_{0}, accepted_{0}, passes_{0};
   Histogram step_seconds_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
 };
 

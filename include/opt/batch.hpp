@@ -3,9 +3,14 @@
 // others' last token), picks each next token with the sequence's own sampler, and retires finished sequences,
 // freeing their KV cache at once. Each sequence gets exactly what it would get alone: it has its own cache and
 // positions, and the kernels compute every row independently of the others.
+//
+// A sequence may speculate (SequenceOptions::speculation, made by opt::speculation() in speculative.hpp): step()
+// then runs its pending token and a drafter's proposals in the same pass, keeps what its sampler accepts and
+// reports every kept token (several StepTokens in a step). speculative.hpp owns that logic; Batch only calls it.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,12 +35,38 @@ inline const char* to_string(FinishReason r) noexcept {
   return "?";
 }
 
+// The hook speculative decoding plugs into Batch::step (speculative.hpp implements it: opt::speculation()).
+class Speculation {
+ public:
+  // One sequence's speculation (its drafter's state, its draft length).
+  class Sequence {
+   public:
+    virtual ~Sequence() = default;
+    // The proposals to verify in the next pass after `tokens` (the sequence so far; its last token is pending):
+    // at most `room`, each in [0, vocab). Empty: a plain step.
+    virtual void draft(const std::vector<int32_t>& tokens, int64_t room, int64_t vocab, std::vector<int32_t>& out) = 0;
+    // After the pass: rows + j * cols (j = 0 .. draft.size()) are the logits after the pending token and
+    // draft[0, j) (only row 0 without a draft). Picks the tokens with `sampler` (history: `tokens`, which take()
+    // extends) and hands each to take(token, the logits that chose it) in order, while take returns true (false:
+    // the sequence finished). Returns how many proposals were kept.
+    virtual int64_t verify(const float* rows, int64_t cols, const std::vector<int32_t>& draft, Sampler& sampler,
+                           const std::vector<int32_t>& tokens,
+                           const std::function<bool(int32_t, const float*)>& take) = 0;
+  };
+  virtual ~Speculation() = default;
+  // A new sequence's state (Batch::add).
+  virtual std::unique_ptr<Sequence> start() const = 0;
+};
+
 struct SequenceOptions {
   int64_t max_new_tokens = 32;
   bool stop_at_eos = true;
   int64_t eos_token_id = -1;  // -1: the model's config.eos_token_id
   SamplingOptions sampling;   // greedy by default
   dtype kv_cache = dtype::F32;  // the KV cache's element type: F32 (exact), F16 or BF16 (half the bytes)
+  // Speculative decoding in step() (opt::speculation(drafter, ...), speculative.hpp); null: plain steps. Greedy
+  // sequences get plain greedy's tokens and logits exactly; sampling ones the same distribution, reproducibly.
+  std::shared_ptr<const Speculation> speculation;
 };
 
 using SeqId = uint64_t;
@@ -46,6 +77,7 @@ struct StepToken {
   int32_t token = 0;
   bool finished = false;
   FinishReason reason = FinishReason::none;
+  const float* logits = nullptr;  // step(): the logits that chose the token (valid until the next step); else null
 };
 
 // The logits one step computed for one sequence (valid until the next step).
@@ -96,6 +128,7 @@ class Batch {
     s.opts = opts;
     s.eos = opts.eos_token_id >= 0 ? opts.eos_token_id : c.eos_token_id;
     s.sampler = Sampler(opts.sampling);
+    if (opts.speculation) s.spec = opts.speculation->start();
     if (opts.max_new_tokens == 0) {
       s.finished = true;
       s.reason = FinishReason::length;
@@ -170,12 +203,73 @@ class Batch {
   }
 
   // One step: compute(), then each sequence's sampler picks its token, then accept(). The list is the batch's
-  // own, valid until the next compute() or step().
-  const std::vector<StepToken>& step() {
-    const std::vector<SeqLogits>& logits = compute();
+  // own, valid until the next compute() or step(). A speculating sequence (SequenceOptions::speculation) may get
+  // several tokens, in order, from one pass (compute() and accept() never speculate).
+  const std::vector<StepToken>& step() { return step(nullptr); }
+
+  // step(), handing each token to on_token as it is accepted, in order; on_token returning false stops that
+  // sequence there, as stop() would (a speculating sequence keeps none of the tokens after it).
+  const std::vector<StepToken>& step(const std::function<bool(const StepToken&)>& on_token) {
     std::vector<StepToken>& out = step_out_;
     out.clear();
-    for (const SeqLogits& l : logits) out.push_back(accept(l.seq, choose(l)));
+    bool speculates = false;
+    for (auto& [id, s] : seqs_) speculates = speculates || (!s.finished && s.spec);
+    if (!speculates) {  // compute() and accept(): the plain step
+      for (const SeqLogits& l : compute()) {
+        out.push_back(accept(l.seq, choose(l)));
+        out.back().logits = l.logits;
+        if (on_token && !on_token(out.back()) && !out.back().finished) stop(l.seq);
+      }
+      return out;
+    }
+    const int64_t vocab = model_->config().vocab_size;
+    chunks_.clear();
+    order_.clear();
+    live_.clear();
+    int64_t rows = 0;
+    for (auto& [id, s] : seqs_) {
+      if (s.finished) continue;
+      const int64_t have = s.cache->size();
+      const int64_t pending = int64_t(s.tokens.size()) - have;
+      if (pending <= 0)
+        throw input_error("Batch::step: sequence " + std::to_string(id) + " has no pending token (call accept)");
+      s.draft.clear();
+      if (s.spec && pending == 1)  // a decode step: proposals that could still be kept
+        s.spec->draft(s.tokens, s.opts.max_new_tokens - int64_t(s.tokens.size() - s.prompt_len) - 1, vocab, s.draft);
+      SequenceChunk ch{s.cache.get(), s.tokens.data() + have, pending};
+      if (!s.draft.empty()) {  // the pending token and the proposals, with every position's logits
+        s.pass.assign(1, s.tokens.back());
+        s.pass.insert(s.pass.end(), s.draft.begin(), s.draft.end());
+        ch = {s.cache.get(), s.pass.data(), int64_t(s.pass.size()), true};
+      }
+      s.row = rows;
+      rows += ch.all_logits ? ch.n : 1;
+      chunks_.push_back(ch);
+      order_.push_back(id);
+      live_.push_back(&s);
+    }
+    if (chunks_.empty()) return out;
+    const LogitsView lv = model_->forward(chunks_, *ws_);
+    for (size_t i = 0; i < order_.size(); ++i) {
+      const SeqId id = order_[i];
+      Seq& s = *live_[i];
+      const float* first = lv.row(s.row);
+      if (!s.spec) {
+        out.push_back(accept(id, s.sampler.sample(first, lv.cols, s.tokens)));
+        out.back().logits = first;
+        if (on_token && !on_token(out.back()) && !out.back().finished) stop(id);
+        continue;
+      }
+      const int64_t before = s.cache->size() - chunks_[i].n;
+      const int64_t kept = s.spec->verify(first, lv.cols, s.draft, s.sampler, s.tokens, [&](int32_t t, const float* l) {
+        out.push_back(accept(id, t));
+        out.back().logits = l;
+        const bool more = (!on_token || on_token(out.back())) && !out.back().finished;
+        if (!more && !out.back().finished) stop(id);
+        return more;
+      });
+      if (!s.finished && !s.draft.empty()) s.cache->truncate(before + 1 + kept);  // drop the rejected proposals
+    }
     return out;
   }
 
@@ -216,6 +310,9 @@ class Batch {
     SequenceOptions opts;
     int64_t eos = 2;
     Sampler sampler;
+    std::unique_ptr<Speculation::Sequence> spec;  // null: plain steps
+    std::vector<int32_t> draft, pass;  // step(): this pass's proposals; pending token + proposals
+    int64_t row = 0;                   // step(): the sequence's first logits row in the pass
     std::unique_ptr<KvCache> cache;
     bool finished = false;
     FinishReason reason = FinishReason::none;
@@ -240,6 +337,7 @@ class Batch {
   size_t max_cache_bytes_ = OPT_MAX_KV_BYTES;
   std::vector<SequenceChunk> chunks_;
   std::vector<SeqId> order_;
+  std::vector<Seq*> live_;  // step(): the sequences of order_
   std::vector<SeqLogits> logits_;   // compute()'s result
   std::vector<StepToken> step_out_;  // step()'s result
 };

@@ -256,6 +256,7 @@ struct SequenceChunk {
   KvCache* cache = nullptr;
   const int32_t* ids = nullptr;
   int64_t n = 0;
+  bool all_logits = false;  // logits for every new token of this chunk (ForwardOptions::all_logits: every chunk's)
 };
 
 // A row-major float matrix as Eigen sees it: what a host reads (logits, hidden states) without a copy.
@@ -376,7 +377,8 @@ class Model {
   }
 
   // Runs the new tokens of every chunk through the model, appends their keys/values to the chunk's cache and
-  // returns logits: one row per chunk (its last token), or one per token with opts.all_logits.
+  // returns logits: one row per chunk (its last token), or one per token of the chunks with all_logits (every chunk
+  // with opts.all_logits), in chunk order.
   LogitsView forward(const std::vector<SequenceChunk>& chunks, Workspace& ws, const ForwardOptions& opts = {}) const {
     const Config& c = config_;
     const int64_t H = c.hidden_size, E = c.word_embed_proj_dim, V = c.vocab_size;
@@ -403,7 +405,8 @@ class Model {
       N += ch.n;
       max_len = std::max(max_len, ch.cache->capacity());  // scores sized for the whole cache: no regrowth per step
     }
-    const int64_t n_logits = opts.all_logits ? N : int64_t(chunks.size());
+    int64_t n_logits = 0;
+    for (const SequenceChunk& ch : chunks) n_logits += opts.all_logits || ch.all_logits ? ch.n : 1;
     ws.reserve(c, N, n_logits, max_len);
     ThreadPool& pool = ws.pool();
     std::vector<int64_t>& row0 = ws.rows;
@@ -525,8 +528,10 @@ class Model {
       }
       int64_t r = 0, o = 0;
       for (const SequenceChunk& ch : chunks) {
+        const int64_t keep = ch.all_logits ? ch.n : 1;  // the chunk's last `keep` rows
         r += ch.n;
-        std::copy(src + (r - 1) * dim, src + r * dim, dst + (o++) * dim);
+        std::copy(src + (r - keep) * dim, src + r * dim, dst + o * dim);
+        o += keep;
       }
     };
     if (opts.hidden_states) {

@@ -58,8 +58,47 @@ class Sampler {
   // Chooses the next token. `history` is every id so far (prompt + generated), for the repetition penalty.
   // `scratch` avoids allocation in steady state. logits are not modified.
   int32_t sample(const float* logits, int64_t n, const std::vector<int32_t>& history) {
+    if (o_.greedy() && o_.repetition_penalty == 1.0f) return argmax(logits, n);
+    warp(logits, n, history);
+    if (o_.greedy()) return argmax(buf_.data(), n);
+    softmax_into(probs_);
+    return draw(probs_, uniform());
+  }
+
+  // The distribution sample() draws from (probabilities of the n ids; greedy: all on the one it picks). The
+  // sampler's own buffer, valid until its next call.
+  const std::vector<double>& distribution(const float* logits, int64_t n, const std::vector<int32_t>& history) {
+    if (o_.greedy()) {
+      const int32_t id = sample(logits, n, history);
+      probs_.assign(size_t(n), 0.0);
+      probs_[size_t(id)] = 1.0;
+      return probs_;
+    }
+    warp(logits, n, history);
+    softmax_into(probs_);
+    return probs_;
+  }
+
+  // The next number of the sequence's random stream, uniform in [0, 1) (sample() takes one per sampled token).
+  double uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+  // The id that a uniform number r in [0, 1) picks from probabilities p (inverse CDF in id order).
+  static int32_t draw(const std::vector<double>& p, double r) noexcept {
+    double cum = 0;
+    int32_t last_nonzero = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (p[i] <= 0) continue;
+      last_nonzero = int32_t(i);
+      cum += p[i];
+      if (r < cum) return int32_t(i);
+    }
+    return last_nonzero;  // rounding left r just above the total
+  }
+
+ private:
+  // buf_ = the logits after the repetition penalty and (when sampling) temperature, top-k and top-p.
+  void warp(const float* logits, int64_t n, const std::vector<int32_t>& history) {
     const bool penalize = o_.repetition_penalty != 1.0f;
-    if (o_.greedy() && !penalize) return argmax(logits, n);
     buf_.assign(logits, logits + n);
     if (penalize) {
       // RepetitionPenaltyLogitsProcessor: score < 0 ? score * p : score / p, once per distinct id
@@ -74,7 +113,7 @@ class Sampler {
       for (int32_t id : history)
         if (id >= 0 && id < n) seen_[size_t(id)] = 0;
     }
-    if (o_.greedy()) return argmax(buf_.data(), n);
+    if (o_.greedy()) return;
     const float neg_inf = -std::numeric_limits<float>::infinity();
     // TemperatureLogitsWarper
     if (o_.temperature != 1.0f)
@@ -109,21 +148,8 @@ class Sampler {
         else break;
       }
     }
-    softmax_into(probs_);
-    std::uniform_real_distribution<double> u(0.0, 1.0);
-    const double r = u(rng_);
-    double cum = 0;
-    int32_t last_nonzero = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (probs_[size_t(i)] <= 0) continue;
-      last_nonzero = int32_t(i);
-      cum += probs_[size_t(i)];
-      if (r < cum) return int32_t(i);
-    }
-    return last_nonzero;  // rounding left r just above the total
   }
 
- private:
   void softmax_into(std::vector<double>& p) const {
     p.resize(buf_.size());
     float mx = -std::numeric_limits<float>::infinity();

@@ -1,4 +1,5 @@
-// Speculative decoding that gives exactly plain decoding's tokens and logits, faster.
+// Speculative decoding that gives exactly plain decoding's tokens and logits (greedy) or its distribution
+// (sampling), faster.
 //
 // A drafter proposes up to K tokens after a sequence; the model runs the sequence's pending token and the K
 // proposals in one forward pass (one read of the weights for K + 1 positions); the longest prefix of proposals
@@ -8,6 +9,17 @@
 // logits a plain step computes: the output is plain greedy's, token for token and logit for logit, for any
 // drafter, any K and any acceptance pattern.
 //
+// A sampling sequence uses speculative sampling (Leviathan et al. 2023, Chen et al. 2023): with p the sequence's
+// sampling distribution (Sampler::distribution: repetition penalty, temperature, top-k, top-p) at a proposal's
+// position and q the distribution the drafter drew it from, the proposal x is kept with probability
+// min(1, p(x) / q(x)); otherwise the token is drawn from max(0, p - q) normalized and the pass ends there; after
+// K kept proposals the bonus token is drawn from p. A deterministic proposal (prompt lookup, a greedy draft model)
+// has q all on x: kept with probability p(x), else drawn from p without x. Every token is then distributed as
+// plain sampling's; the draws come from the sequence's seeded stream, so the same seed gives the same output.
+//
+// Inside opt::Batch (SequenceOptions::speculation = opt::speculation(drafter, options)), a speculating sequence
+// shares each step's pass with every other sequence; speculative_generate_ids runs on that Batch.
+//
 // Drafters (Drafter): PromptLookupDrafter (the continuation of the latest earlier occurrence of the sequence's last
 // n-gram: no second model), ModelDrafter (a model with the same vocabulary: a small OPT, or the target's own
 // weights quantized, e.g. loaded with LoadOptions::quantize = int8).
@@ -15,10 +27,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "opt/batch.hpp"
 #include "opt/error.hpp"
 #include "opt/generate.hpp"
 #include "opt/model.hpp"
@@ -34,6 +48,15 @@ class Drafter {
   // is fine. Called once per model pass; `tokens` extends or rewinds what an earlier call saw (a new sequence
   // starts over).
   virtual std::vector<int32_t> propose(const std::vector<int32_t>& tokens, int64_t k) = 0;
+  // A drafter that samples: the distribution (over the vocabulary, probabilities) that proposal j of the latest
+  // propose() was drawn from. Null (the default): the proposals are deterministic (q is all on the proposal).
+  virtual const std::vector<double>* draft_distribution(size_t j) const {
+    (void)j;
+    return nullptr;
+  }
+  // A drafter for another sequence of a batch (the same proposals, its own state), or null when this one can serve
+  // every sequence (it keeps no state between calls, or re-syncs itself as ModelDrafter does).
+  virtual std::shared_ptr<Drafter> fork() const { return nullptr; }
 };
 
 // Prompt lookup (transformers' prompt_lookup_num_tokens): for n from max_ngram down to 1, the latest earlier
@@ -67,7 +90,11 @@ class PromptLookupDrafter : public Drafter {
 class ModelDrafter : public Drafter {
  public:
   // The model must outlive the drafter (Model copies share their weights, so passing a copy is cheap).
-  explicit ModelDrafter(const Model& draft, size_t threads = 0) : m_(draft), ws_(threads) {}
+  explicit ModelDrafter(const Model& draft, size_t threads = 0)
+      : m_(draft), ws_(std::make_shared<Workspace>(threads)) {}
+
+  // Its own cache, the same model and Workspace (the sequences of a batch draft one after another).
+  std::shared_ptr<Drafter> fork() const override { return std::shared_ptr<Drafter>(new ModelDrafter(m_, ws_)); }
 
   std::vector<int32_t> propose(const std::vector<int32_t>& t, int64_t k) override {
     const Config& c = m_.config();
@@ -85,21 +112,22 @@ class ModelDrafter : public Drafter {
     seen_.assign(t.begin(), t.end());
     for (int32_t id : t)
       if (id < 0 || id >= c.vocab_size) return {};  // the draft's vocabulary is smaller: nothing to say
-    LogitsView lv = m_.forward({{&kv_, t.data() + keep, len - keep}}, ws_);
+    LogitsView lv = m_.forward({{&kv_, t.data() + keep, len - keep}}, *ws_);
     std::vector<int32_t> out;
     for (int64_t j = 0; j < k; ++j) {
       int32_t id = argmax(lv.row(0), lv.cols);
       out.push_back(id);
       if (j + 1 == k) break;
       seen_.push_back(id);
-      lv = m_.forward({{&kv_, &out.back(), 1}}, ws_);
+      lv = m_.forward({{&kv_, &out.back(), 1}}, *ws_);
     }
     return out;
   }
 
  private:
+  ModelDrafter(const Model& m, std::shared_ptr<Workspace> ws) : m_(m), ws_(std::move(ws)) {}
   Model m_;
-  Workspace ws_;
+  std::shared_ptr<Workspace> ws_;
   KvCache kv_;
   std::vector<int32_t> seen_;
 };
@@ -110,7 +138,7 @@ struct SpeculativeOptions {
   // after 3 passes in a row without an accepted token, drafting pauses for a while (2, 4, ... up to 32 plain
   // steps), so a drafter that never guesses right costs little more than plain decoding.
   bool adaptive = true;
-  // Tests and tools: each new token of each row with the logits that chose it.
+  // speculative_generate_ids (tests and tools): each new token of each row with the logits that chose it.
   std::function<void(size_t row, int32_t id, const float* logits, int64_t n)> on_logits;
 };
 
@@ -149,26 +177,170 @@ struct DraftLength {
 
 }  // namespace detail
 
-// Greedy generation of every prompt with speculative decoding: the same GenerateResult as generate_ids (same
-// sequences, new tokens, first logits and finish reasons, bit for bit), with the drafter's proposals verified K at a
-// time. Rows run one after another (each exactly as in a batch: see the top of this file). Greedy only: sampling
-// options are an input_error. GenerateOptions::on_token works as in generate_ids.
+// ---- speculative sampling: the rule for one proposal ------------------------------------------------------------
+// p: the target's distribution at the proposal's position; q: the distribution the drafter drew the proposal x
+// from, or null for a deterministic proposal (q all on x). Both are probabilities over the vocabulary.
+
+// The probability of keeping x: min(1, p(x) / q(x)); p(x) for a deterministic proposal.
+inline double draft_acceptance(const std::vector<double>& p, const std::vector<double>* q, int32_t x) {
+  if (x < 0 || size_t(x) >= p.size())
+    throw input_error("draft_acceptance: proposal " + std::to_string(x) + " outside [0, " + std::to_string(p.size()) +
+                      ")");
+  if (q && q->size() != p.size())
+    throw input_error("draft_acceptance: q has " + std::to_string(q->size()) + " entries, expected p's " +
+                      std::to_string(p.size()));
+  const double px = p[size_t(x)], qx = q ? (*q)[size_t(x)] : 1.0;
+  if (px <= 0) return 0.0;
+  return qx <= px ? 1.0 : px / qx;
+}
+
+// What replaces a rejected x: max(0, p - q) normalized (for a deterministic proposal: p without x, normalized).
+// When nothing is left (x could not have been rejected), p itself.
+inline void draft_residual(const std::vector<double>& p, const std::vector<double>* q, int32_t x,
+                           std::vector<double>& out) {
+  draft_acceptance(p, q, x);  // checks x and q
+  out.resize(p.size());
+  double sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double qi = q ? (*q)[i] : (i == size_t(x) ? 1.0 : 0.0);
+    out[i] = std::max(0.0, p[i] - qi);
+    sum += out[i];
+  }
+  if (!(sum > 0)) {
+    out = p;
+    return;
+  }
+  for (double& v : out) v /= sum;
+}
+
+struct DraftVerdict {
+  int32_t token = 0;      // x when accepted, else the replacement
+  bool accepted = false;
+};
+
+// Speculative sampling's step for proposal x with two uniform numbers in [0, 1): kept when u < draft_acceptance,
+// else the replacement is Sampler::draw(draft_residual, v). Over u and v (and x ~ q), the token is distributed
+// as p. `scratch` holds the residual.
+inline DraftVerdict judge_draft(const std::vector<double>& p, const std::vector<double>* q, int32_t x, double u,
+                                double v, std::vector<double>& scratch) {
+  if (u < draft_acceptance(p, q, x)) return {x, true};
+  draft_residual(p, q, x, scratch);
+  return {Sampler::draw(scratch, v), false};
+}
+
+// ---- speculation inside opt::Batch ------------------------------------------------------------------------------
+
+namespace detail {
+
+// One sequence's speculation: its drafter, its draft length, and THE verification of a pass (every speculating
+// caller, Batch::step and through it speculative_generate_ids, runs this loop).
+class SpeculativeSequence final : public Speculation::Sequence {
+ public:
+  SpeculativeSequence(std::shared_ptr<Drafter> d, const SpeculativeOptions& so, SpeculativeStats* stats)
+      : d_(std::move(d)), dl_(so.draft_tokens, so.adaptive), stats_(stats) {}
+
+  void draft(const std::vector<int32_t>& tokens, int64_t room, int64_t vocab, std::vector<int32_t>& out) override {
+    drafted_ = true;
+    out.clear();
+    const int64_t k = std::min(dl_.next(), room);
+    if (k <= 0) return;
+    out = d_->propose(tokens, k);
+    if (int64_t(out.size()) > k) out.resize(size_t(k));
+    for (size_t j = 0; j < out.size(); ++j) {
+      const std::vector<double>* q = d_->draft_distribution(j);
+      // beyond the vocabulary cannot match; a q that does not cover the vocabulary is not used
+      if (out[j] < 0 || out[j] >= vocab || (q && int64_t(q->size()) != vocab)) out.resize(j);
+    }
+  }
+
+  int64_t verify(const float* rows, int64_t cols, const std::vector<int32_t>& draft, Sampler& sampler,
+                 const std::vector<int32_t>& tokens, const std::function<bool(int32_t, const float*)>& take) override {
+    const bool greedy = sampler.options().greedy();
+    const int64_t nd = int64_t(draft.size());
+    int64_t kept = 0, emitted = 0;
+    for (int64_t j = 0; j <= nd; ++j) {
+      const float* l = rows + j * cols;
+      DraftVerdict v;
+      if (j == nd) {  // every proposal kept (or none made): the model's own next token
+        v.token = sampler.sample(l, cols, tokens);
+      } else if (greedy) {  // the plain step's token; the proposal is kept when it is that token
+        v.token = sampler.sample(l, cols, tokens);
+        v.accepted = v.token == draft[size_t(j)];
+      } else {
+        const std::vector<double>& p = sampler.distribution(l, cols, tokens);
+        const double u = sampler.uniform(), r = sampler.uniform();
+        v = judge_draft(p, d_->draft_distribution(size_t(j)), draft[size_t(j)], u, r, residual_);
+      }
+      ++emitted;
+      const bool more = take(v.token, l);  // row j + 1 follows from the right context only if draft[j] was kept
+      if (v.accepted) ++kept;
+      if (!more || !v.accepted) break;
+    }
+    if (stats_) {
+      stats_->passes += drafted_;
+      stats_->proposed += nd;
+      stats_->accepted += kept;
+      stats_->new_tokens += emitted;
+    }
+    if (drafted_) dl_.update(nd, kept);
+    drafted_ = false;
+    return kept;
+  }
+
+ private:
+  std::shared_ptr<Drafter> d_;
+  DraftLength dl_;
+  SpeculativeStats* stats_;
+  bool drafted_ = false;  // this pass is a decode step that drafted (not a prompt pass)
+  std::vector<double> residual_;
+};
+
+class SpeculativeDecoding final : public Speculation {
+ public:
+  SpeculativeDecoding(std::shared_ptr<Drafter> d, const SpeculativeOptions& so, SpeculativeStats* stats)
+      : d_(std::move(d)), so_(so), stats_(stats) {}
+  std::unique_ptr<Sequence> start() const override {
+    std::shared_ptr<Drafter> d = d_->fork();
+    return std::make_unique<SpeculativeSequence>(d ? d : d_, so_, stats_);
+  }
+
+ private:
+  std::shared_ptr<Drafter> d_;
+  SpeculativeOptions so_;
+  SpeculativeStats* stats_;
+};
+
+}  // namespace detail
+
+// Speculative decoding for the sequences of an opt::Batch: set SequenceOptions::speculation to this. Each sequence
+// drafts with its own drafter->fork() (or shares `drafter` when fork() gives null). `stats`, when given, adds up
+// every such sequence's passes (it must outlive them). SpeculativeOptions::on_logits is not used here (StepToken
+// has the logits). Throws input_error for draft_tokens outside 0..64 or no drafter.
+inline std::shared_ptr<const Speculation> speculation(std::shared_ptr<Drafter> drafter,
+                                                      const SpeculativeOptions& so = {},
+                                                      SpeculativeStats* stats = nullptr) {
+  if (!drafter) throw input_error("speculative decoding: no drafter");
+  if (so.draft_tokens < 0 || so.draft_tokens > 64)
+    throw input_error("speculative decoding: draft_tokens = " + std::to_string(so.draft_tokens) +
+                      ", expected 0..64");
+  return std::make_shared<detail::SpeculativeDecoding>(std::move(drafter), so, stats);
+}
+
+// Generation of every prompt with speculative decoding, on an opt::Batch: for greedy options the same
+// GenerateResult as generate_ids (same sequences, new tokens, first logits and finish reasons, bit for bit), with
+// the drafter's proposals verified K at a time; with sampling, plain sampling's distribution (not its draws), the
+// same output for the same seed. The rows share each pass (each row drafts with its own drafter.fork(), or with
+// `drafter`). GenerateOptions::on_token works as in generate_ids.
 inline GenerateResult speculative_generate_ids(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
                                                const GenerateOptions& opts, Drafter& drafter,
                                                const SpeculativeOptions& so, Workspace& ws,
                                                bool keep_first_logits = false, SpeculativeStats* stats = nullptr) {
   const Config& c = model.config();
-  if (!opts.sampling.greedy() || opts.sampling.repetition_penalty != 1.0f)
-    throw input_error("speculative decoding: greedy only (no temperature, top-k, top-p or repetition penalty)");
-  if (so.draft_tokens < 0 || so.draft_tokens > 64)
-    throw input_error("speculative decoding: draft_tokens = " + std::to_string(so.draft_tokens) +
-                      ", expected 0..64");
+  opts.sampling.validate();
   if (prompts.empty()) throw input_error("generate: empty batch (no prompts)");
   if (opts.max_new_tokens < 0)
     throw input_error("generate: max_new_tokens = " + std::to_string(opts.max_new_tokens) + ", expected >= 0");
-  const int64_t eos = opts.eos_token_id >= 0 ? opts.eos_token_id : c.eos_token_id;
-  GenerateResult res;
-  SpeculativeStats st;
+  size_t cache_total = 0;
   for (size_t b = 0; b < prompts.size(); ++b) {
     const std::vector<int32_t>& p = prompts[b];
     const int64_t len = int64_t(p.size());
@@ -182,67 +354,42 @@ inline GenerateResult speculative_generate_ids(const Model& model, const std::ve
         throw input_error("generate: prompt " + std::to_string(b) + " token " + std::to_string(j) + " = " +
                           std::to_string(p[j]) + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
                           ")");
-    if (opts.max_new_tokens > 0 &&
-        Batch::cache_bytes_for(c, len + opts.max_new_tokens, opts.kv_cache) > opts.max_cache_bytes)
-      throw limit_error("generate: prompt " + std::to_string(b) + " with max_new_tokens " +
-                        std::to_string(opts.max_new_tokens) + " needs more KV cache than the limit of " +
-                        std::to_string(opts.max_cache_bytes) + " bytes (GenerateOptions::max_cache_bytes)");
+    if (opts.max_new_tokens > 0) cache_total += Batch::cache_bytes_for(c, len + opts.max_new_tokens, opts.kv_cache);
   }
+  if (cache_total > opts.max_cache_bytes)
+    throw limit_error("generate: " + std::to_string(prompts.size()) + " prompts with max_new_tokens " +
+                      std::to_string(opts.max_new_tokens) + " need " + std::to_string(cache_total) +
+                      " bytes of KV cache, more than the limit of " + std::to_string(opts.max_cache_bytes) +
+                      " bytes (GenerateOptions::max_cache_bytes)");
+  SpeculativeStats st;
+  SequenceOptions sq;
+  sq.max_new_tokens = opts.max_new_tokens;
+  sq.stop_at_eos = opts.stop_at_eos;
+  sq.eos_token_id = opts.eos_token_id;
+  sq.sampling = opts.sampling;
+  sq.kv_cache = opts.kv_cache;
+  sq.speculation = speculation(std::shared_ptr<Drafter>(&drafter, [](Drafter*) {}), so, &st);  // not owned
+  Batch batch(model, ws);
+  batch.set_max_cache_bytes(opts.max_cache_bytes);
+  std::vector<SeqId> ids(prompts.size());
+  std::map<SeqId, size_t> row_of;
+  for (size_t b = 0; b < prompts.size(); ++b) row_of[ids[b] = batch.add(prompts[b], sq)] = b;
+  GenerateResult res;
   if (keep_first_logits) res.first_logits.assign(prompts.size(), {});
+  std::vector<bool> any(prompts.size(), false);
+  while (!batch.empty()) {
+    batch.step([&](const StepToken& t) {
+      const size_t b = row_of[t.seq];
+      if (keep_first_logits && !any[b]) res.first_logits[b].assign(t.logits, t.logits + c.vocab_size);
+      any[b] = true;
+      if (so.on_logits) so.on_logits(b, t.token, t.logits, c.vocab_size);
+      return !opts.on_token || opts.on_token(b, t.token);
+    });
+  }
   for (size_t b = 0; b < prompts.size(); ++b) {
-    std::vector<int32_t> seq = prompts[b];
-    std::vector<int32_t> fresh;
-    FinishReason why = FinishReason::length;
-    if (opts.max_new_tokens == 0) {
-      res.sequences.push_back(seq), res.new_tokens.push_back(fresh), res.finish_reasons.push_back(why);
-      continue;
-    }
-    KvCache kv(c, int64_t(seq.size()) + opts.max_new_tokens, opts.kv_cache);
-    detail::DraftLength dl(so.draft_tokens, so.adaptive);
-    bool done = false;
-    // emits the token chosen from `logits`; false when the row has finished
-    auto emit = [&](const float* logits) {
-      const int32_t id = argmax(logits, c.vocab_size);
-      if (keep_first_logits && fresh.empty()) res.first_logits[b].assign(logits, logits + c.vocab_size);
-      if (so.on_logits) so.on_logits(b, id, logits, c.vocab_size);
-      seq.push_back(id), fresh.push_back(id);
-      ++st.new_tokens;
-      if (opts.stop_at_eos && id == eos) why = FinishReason::eos, done = true;
-      else if (int64_t(fresh.size()) >= opts.max_new_tokens) why = FinishReason::length, done = true;
-      if (opts.on_token && !opts.on_token(b, id) && !done) why = FinishReason::stopped, done = true;
-      return !done;
-    };
-    LogitsView lv = model.forward({{&kv, prompts[b].data(), int64_t(prompts[b].size())}}, ws);
-    emit(lv.row(0));
-    std::vector<int32_t> pass;
-    while (!done) {
-      // the pending token (the last one, not yet in the cache) and at most the proposals that could still be kept
-      const int64_t room = opts.max_new_tokens - int64_t(fresh.size()) - 1;
-      const int64_t k = std::min(dl.next(), room);
-      std::vector<int32_t> draft = k > 0 ? drafter.propose(seq, k) : std::vector<int32_t>{};
-      if (int64_t(draft.size()) > k) draft.resize(size_t(k));
-      for (size_t j = 0; j < draft.size(); ++j)
-        if (draft[j] < 0 || draft[j] >= c.vocab_size) draft.resize(j);  // beyond the vocabulary: cannot match
-      pass.assign(1, seq.back());
-      pass.insert(pass.end(), draft.begin(), draft.end());
-      const int64_t before = kv.size(), nd = int64_t(draft.size());
-      ForwardOptions fo;
-      fo.all_logits = nd > 0;
-      lv = model.forward({{&kv, pass.data(), int64_t(pass.size())}}, ws, fo);
-      ++st.passes;
-      st.proposed += nd;
-      int64_t kept = 0;
-      for (int64_t j = 0; j <= nd; ++j) {
-        const bool more = emit(lv.row(fo.all_logits ? j : 0));
-        const bool chosen = j < nd && seq.back() == draft[size_t(j)];
-        if (chosen) ++kept;  // the model chose draft[j] itself: row j + 1's logits follow from the right context
-        if (!more || !chosen) break;
-      }
-      st.accepted += kept;
-      dl.update(nd, kept);
-      kv.truncate(before + 1 + kept);  // the pending token and the kept proposals
-    }
-    res.sequences.push_back(seq), res.new_tokens.push_back(fresh), res.finish_reasons.push_back(why);
+    res.sequences.push_back(batch.tokens(ids[b]));
+    res.new_tokens.push_back(batch.new_tokens(ids[b]));
+    res.finish_reasons.push_back(batch.finish_reason(ids[b]));
   }
   if (stats) *stats = st;
   return res;

@@ -143,7 +143,18 @@ test("opt-generate speculative (--lookup, --draft-self, --draft): the same outpu
   }
   const p = ["-m", m, "-t", TOKDIR, "-p", "Hello"];
   assertFails("generate", [...p, "--lookup", "2", "--draft-self", "int8"], "", "two drafters");
-  assertFails("generate", [...p, "--lookup", "2", "--temp", "0.7"], "", "speculative sampling");
+  // speculative sampling: a seed gives the same text again (draws of its own: the same distribution as plain sampling)
+  const sampled = [...p, "-n", "12", "--temp", "0.9", "--top-k", "20", "--seed", "5", "--no-stream"];
+  for (const flags of [["--lookup", "2"], ["--draft-self", "int8"]]) {
+    const go = () => {  // -p prints its timing on stderr
+      const r = run("generate", [...sampled, ...flags], "", { ok: false });
+      assert.equal(r.status, 0, r.stderr);
+      return r.stdout;
+    };
+    const once = go();
+    assert.ok(once.startsWith("Hello"), once);
+    assert.equal(go(), once);
+  }
   assertFails("generate", [...p, "--draft-self", "int3"], "", "unknown --draft-self");
   assertFails("generate", [...p, "--draft", path.join(FIX, "no-such-model")], "", "missing draft folder");
   assertFails("generate", [...p, "--draft", path.join(FIX, "opt-tiny-realvocab"), "--draft-tokens", "0"], "", "K = 0");

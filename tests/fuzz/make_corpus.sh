@@ -131,6 +131,7 @@ bodies = [
      "frequency_penalty": 0, "logit_bias": {}, "repetition_penalty": 1.3, "stop": "the", "suffix": None},
     {"prompt": "\u00e9\u4e2d\U0001F600 <s></s>", "max_tokens": 1.0, "seed": -9223372036854775808},
     {"prompt": "x", "max_tokens": 18446744073709551615, "top_k": 1e300, "temperature": -0.0},
+    {"prompts": ["a"], "speculative": False}, {"prompt": "a", "speculative": "no"},
 ]
 for i, b in enumerate(bodies): put("serve_request", "b%02d.json" % i, json.dumps(b, ensure_ascii=(i % 2 == 0)))
 put("serve_request", "not_object.json", "[1, 2]")

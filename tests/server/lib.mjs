@@ -31,10 +31,15 @@ export function requireServe() {
   assert.ok(existsSync(path.join(MODEL, "config.json")), `no fixture model at ${MODEL}`);
 }
 
+// Flags every server of a test run gets (OPT_SERVE_ARGS, space-separated): ctest runs some test files again with
+// speculative decoding on (tests/CMakeLists.txt).
+export const EXTRA_ARGS = (process.env.OPT_SERVE_ARGS ?? "").split(" ").filter((a) => a !== "");
+
 // Starts opt-serve on 127.0.0.1 with --port 0 and reads the port it prints.
 export async function startServer(args = [], { model = MODEL, tokenizer = TOKENIZER } = {}) {
   requireServe();
-  const proc = spawn(SERVE, ["-m", model, "-t", tokenizer, "--host", "127.0.0.1", "--port", "0", ...args],
+  const proc = spawn(SERVE, ["-m", model, "-t", tokenizer, "--host", "127.0.0.1", "--port", "0", ...EXTRA_ARGS,
+                             ...args],
                      { stdio: ["ignore", "pipe", "pipe"] });
   let stderr = "";
   proc.stderr.on("data", (d) => { stderr += d; });

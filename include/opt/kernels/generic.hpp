@@ -21,7 +21,14 @@ constexpr int VP = int(ops::kPanel) / W;  // vectors per panel column
 static_assert(VP * W == int(ops::kPanel), "a panel column is a whole number of vectors");
 using V = Simd::V;
 
+#if defined(OPT_K_NO_UNROLL)  // (scalar.hpp: one lane per "vector", where unrolling buys compile time, not speed)
+#define OPT_K_UNROLL _Pragma("GCC unroll 1")
+#else
 #define OPT_K_UNROLL _Pragma("GCC unroll 16")
+#endif
+// The small helpers of a tile's inner loop: always inlined (GCC decides otherwise where it likes: with
+// OPT_DISABLE_AVX512, load_col<F32> became a call per column and the AVX2 GEMM ran 4x slower)
+#define OPT_K_INLINE inline __attribute__((always_inline))
 
 // One lane: the scalar twin of Simd, used by the epilogues (which work on single outputs) and by tails. Its
 // operations are the same IEEE operations as every Simd's, lane for lane.
@@ -185,7 +192,7 @@ constexpr int64_t col_bytes_c(dtype t) { return int64_t(ops::panel_column_bytes(
 
 // Vector v (W weights of consecutive rows) of panel column k, widened to f32 (I8: the integer q).
 template <dtype T>
-inline V load_w(const std::byte* panel, int64_t k, int v) {
+OPT_K_INLINE V load_w(const std::byte* panel, int64_t k, int v) {
   const int64_t e = k * ops::kPanel + v * W;
   if constexpr (T == dtype::F32) return Simd::load(reinterpret_cast<const float*>(panel) + e);
   else if constexpr (T == dtype::F16) return Simd::load_f16(reinterpret_cast<const uint16_t*>(panel) + e);
@@ -196,7 +203,7 @@ inline V load_w(const std::byte* panel, int64_t k, int v) {
 // All VP vectors of panel column k into wv, each kept in a register (not re-loaded and re-widened for each of the
 // tile's FMAs). I4: the column's kPanel / 2 bytes decoded at once into the integers q (exact in f32).
 template <dtype T>
-inline void load_col(const std::byte* panel, int64_t k, V* wv) {
+OPT_K_INLINE void load_col(const std::byte* panel, int64_t k, V* wv) {
   if constexpr (T == dtype::I4) {
     Simd::load_i4(reinterpret_cast<const uint8_t*>(panel) + k * col_bytes_c(T), wv);
   } else {
@@ -812,3 +819,4 @@ OPT_KERNEL_TABLE_LINKAGE const Table& table() {
 }
 
 #undef OPT_K_UNROLL
+#undef OPT_K_INLINE

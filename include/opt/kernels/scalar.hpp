@@ -54,7 +54,9 @@ struct Simd {
   }
 };
 
+#define OPT_K_NO_UNROLL 1
 #include "opt/kernels/generic.hpp"
+#undef OPT_K_NO_UNROLL
 
 }  // namespace scalar_isa
 }  // namespace kernels
