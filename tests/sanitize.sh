@@ -3,7 +3,7 @@
 # build tree. Any sanitizer report fails the test that triggered it (-fno-sanitize-recover=all, halt_on_error).
 #   tests/sanitize.sh [extra ctest args...]
 # Environment: BUILD_DIR (default build-asan), CXX (default g++, the compiler of the main build; clang++-14 works
-# too but its -Wunused-private-field currently fails examples/opt_serve.cpp under -Werror), JOBS (default 2),
+# too but its -Wunused-private-field currently fails examples/opt_serve/ under -Werror), JOBS (default 2),
 # OPT_SHARED_DIR (default ../shared), OPT_SANITIZE_EXCLUDE (ctest -E regex, default below).
 # Excluded by default: package_* (they configure and build separate consumer projects without sanitizers, so
 # they test packaging, not memory safety, and take minutes) and isa_* (the fixture suite again per ISA; test_isa

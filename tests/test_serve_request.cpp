@@ -1,4 +1,4 @@
-// opt-serve's request parsing (examples/opt_serve_request.hpp), without HTTP: limits, defaults, errors, and the
+// opt-serve's request parsing (examples/opt_serve/request.hpp), without HTTP: limits, defaults, errors, and the
 // replay of every input the fuzz target (tests/fuzz/fuzz_serve_request.cpp) ever found.
 #include <opt/tokenizer.hpp>
 
@@ -103,4 +103,35 @@ TEST_CASE("a seed gives each choice its own stream; echo returns the prompt") {
   CHECK(cr.echo == std::vector<std::string>{"a", "Hello"});
   CHECK(cr.req->choices[1].stop == std::vector<std::string>{"x"});
   CHECK(opt_serve::error_body(opt_serve::bad_request(std::string("bad \xff byte"))).find("bad") != std::string::npos);
+}
+
+TEST_CASE("\"speculative\": true by default, false opts every choice out, anything else is a 400") {
+  const RequestParser p(tokenizer(), RequestRules{64, 50272, 48, 4}, 1);
+  CHECK(p.parse_generate(R"({"prompts": ["a", "b"]})")->choices[1].speculative);
+  for (const auto& c : p.parse_generate(R"({"prompts": ["a", "b"], "speculative": false})")->choices)
+    CHECK_FALSE(c.speculative);
+  CHECK(p.parse_completion(R"({"prompt": "a"})").req->choices[0].speculative);
+  CHECK_FALSE(p.parse_completion(R"({"prompt": ["a", "b"], "speculative": false})").req->choices[1].speculative);
+  CHECK(error_of([&] { p.parse_generate(R"({"prompts": ["a"], "speculative": 1})"); }).param == "speculative");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "speculative": "no"})"); }).param == "speculative");
+}
+
+TEST_CASE("tokenize and detokenize: llama.cpp's shapes, a round trip, errors naming the field") {
+  const RequestParser p(tokenizer(), RequestRules{64, 50272, 0, 4}, 1);
+  CHECK(p.tokenize(R"({"prompt": "Hello"})") == R"({"tokens":[2,31414]})");
+  CHECK(p.tokenize(R"({"content": "Hello", "add_special": false})") == R"({"tokens":[31414]})");
+  CHECK(p.detokenize(R"({"tokens": [2, 31414]})") == R"({"prompt":"Hello"})");
+  const std::string text = "  a , b\n\u00e9\u00e8 \xf0\x9f\x98\x80 ,.";
+  const auto ids = nlohmann::json::parse(p.tokenize(nlohmann::json{{"prompt", text}}.dump()))["tokens"];
+  CHECK(nlohmann::json::parse(p.detokenize(nlohmann::json{{"tokens", ids}}.dump()))["prompt"] == text);
+  // half a character (the first byte of the emoji's 4): U+FFFD, still valid JSON
+  const auto bytes = nlohmann::json::parse(p.tokenize(R"({"prompt": "\ud83d\ude00", "add_special": false})"));
+  CHECK(!bytes["tokens"].empty());
+  CHECK(p.detokenize(nlohmann::json{{"tokens", {bytes["tokens"][0]}}}.dump()).find("\"prompt\"") != std::string::npos);
+  for (const char* body : {R"({})", R"({"prompt": 3})", R"([1])", "nope"})
+    CHECK(error_of([&] { p.tokenize(body); }).status == 400);
+  CHECK(error_of([&] { p.tokenize("{}"); }).param == "prompt");
+  for (const char* body : {R"({})", R"({"tokens": "x"})", R"({"tokens": [-1]})", R"({"tokens": [1.5]})",
+                           R"({"tokens": [99999999]})", R"({"tokens": [18446744073709551615]})"})
+    CHECK(error_of([&] { p.detokenize(body); }).param == "tokens");
 }

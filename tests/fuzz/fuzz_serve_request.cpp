@@ -1,4 +1,4 @@
-// libFuzzer: opt-serve's request parsing (examples/opt_serve_request.hpp). Every input is a request body, given to
+// libFuzzer: opt-serve's request parsing (examples/opt_serve/request.hpp). Every input is a request body, given to
 // both endpoints' parsers (POST /generate and POST /v1/completions) with the real OPT tokenizer, a small context
 // (64, so that the context checks are reached) and a max_tokens limit of 48. serve_request_check.hpp says what a
 // body must give; a body that breaks it traps. Findings go to tests/fuzz/regressions/serve_request/, which

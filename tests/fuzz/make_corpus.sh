@@ -119,7 +119,7 @@ put("tokenizer_config", "fields.json", json.dumps({"add_bos_token": False, "add_
     "added_tokens_decoder": {"1": {"content": "<pad>", "special": True, "lstrip": False, "rstrip": False},
                              "16": {"content": "<new>", "special": False, "lstrip": True, "rstrip": True}},
     "bos_token": {"content": "<s>"}, "pad_token": None, "additional_special_tokens": ["<x>", {"content": "<y>"}]}))
-# serve_request: request bodies for both endpoints (fields, types and limits of examples/opt_serve_request.hpp)
+# serve_request: request bodies for both endpoints (fields, types and limits of examples/opt_serve/request.hpp)
 bodies = [
     {"prompts": ["Hello, my dog is cute", "The capital of France is"], "max_new_tokens": 10},
     {"prompts": ["a"]}, {"prompts": [], "max_new_tokens": 5}, {"prompts": ["x" * 300], "max_new_tokens": 60},
@@ -131,6 +131,7 @@ bodies = [
      "frequency_penalty": 0, "logit_bias": {}, "repetition_penalty": 1.3, "stop": "the", "suffix": None},
     {"prompt": "\u00e9\u4e2d\U0001F600 <s></s>", "max_tokens": 1.0, "seed": -9223372036854775808},
     {"prompt": "x", "max_tokens": 18446744073709551615, "top_k": 1e300, "temperature": -0.0},
+    {"prompts": ["a"], "speculative": False}, {"prompt": "a", "speculative": "no"},
 ]
 for i, b in enumerate(bodies): put("serve_request", "b%02d.json" % i, json.dumps(b, ensure_ascii=(i % 2 == 0)))
 put("serve_request", "not_object.json", "[1, 2]")

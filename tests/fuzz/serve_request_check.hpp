@@ -1,4 +1,4 @@
-// What opt-serve's request parsing promises for any body (examples/opt_serve_request.hpp), as one check shared by
+// What opt-serve's request parsing promises for any body (examples/opt_serve/request.hpp), as one check shared by
 // the fuzz target (fuzz_serve_request.cpp) and the unit test that replays its findings (test_serve_request.cpp).
 //
 // A body either parses into requests the scheduler can run as they are (1..max_prompts choices, ids in the
@@ -8,7 +8,7 @@
 #pragma once
 #include <string>
 
-#include "../../examples/opt_serve_request.hpp"
+#include "../../examples/opt_serve/request.hpp"
 
 namespace opt_fuzz {
 

@@ -73,9 +73,14 @@ test("/health reports the drafter's proposals; a bad \"speculative\" is a 400", 
     assert.equal(typeof h.json.speculative.drafter, "string");
     assert.ok(h.json.speculative.proposed > 0, JSON.stringify(h.json));
     assert.ok(h.json.speculative.accepted <= h.json.speculative.proposed);
+    const m = await (await fetch(`${srv.url}/metrics`)).text();
+    const proposed = Number(/^opt_serve_draft_tokens_proposed_total (\S+)$/m.exec(m)?.[1]);
+    assert.ok(proposed >= h.json.speculative.proposed, m);
+    assert.match(m, /^opt_serve_draft_tokens_accepted_total \d+$/m);
     assertApiError(await postJson(`${srv.url}/v1/completions`, { prompt: P1, speculative: "no" }), 400, "speculative");
     assertApiError(await postJson(`${srv.url}/generate`, { prompts: [P1], speculative: 1 }), 400, "speculative");
   }
   const h = await getJson(`${plain.url}/health`);
   assert.equal(h.json.speculative, undefined);  // the flag-off /health is unchanged
+  assert.doesNotMatch(await (await fetch(`${plain.url}/metrics`)).text(), /draft_tokens/);
 });

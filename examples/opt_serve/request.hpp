@@ -12,6 +12,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -62,6 +63,7 @@ struct Choice {
   std::string completion;          // the whole completion so far
   std::vector<int32_t> tokens;     // prompt + new ids, when done
   size_t completion_tokens = 0;
+  std::chrono::steady_clock::time_point first_token_at;  // when its first token came (completion_tokens > 0)
   bool done = false;
   std::string finish_reason;       // "stop" or "length" (or "cancelled")
 };
@@ -74,6 +76,20 @@ struct Request {
   std::condition_variable cv;
   size_t remaining = 0;  // choices not done (guarded by m)
   std::string failure;   // set when the server gave up on the request (shutdown, internal error)
+  std::chrono::steady_clock::time_point arrived;  // set by the HTTP layer before submission
+  std::function<void()> on_update;  // the HTTP layer's wake-up (guarded by m); called by notify()
+
+  // Wakes whoever waits for this request's progress (new text, a choice done): the condition variable and the
+  // hook. Called by the scheduler without holding m.
+  void notify() {
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> lk(m);
+      hook = on_update;
+    }
+    cv.notify_all();
+    if (hook) hook();
+  }
 };
 
 // A parsed POST /v1/completions.
@@ -169,6 +185,40 @@ class RequestParser {
   }
 
   const RequestRules& rules() const { return rules_; }
+
+  // POST /tokenize (llama.cpp's shape): {"prompt": "text", "add_special": true} -> {"tokens": [ids]}: the ids the
+  // server runs for that prompt (BOS first; without it when add_special is false). "content" (llama.cpp's name)
+  // is taken for "prompt".
+  std::string tokenize(const std::string& body) const {
+    const json j = parse_body(body);
+    auto it = j.find("prompt");
+    if (it == j.end()) it = j.find("content");
+    if (it == j.end() || !it->is_string()) throw bad_request("'prompt' must be a string", "prompt");
+    const bool special = get_bool(j, "add_special", true);
+    return json{{"tokens", tok_.encode(it->get<std::string>(), special)}}.dump();
+  }
+
+  // POST /detokenize: {"tokens": [ids]} -> {"prompt": "text"}: special tokens skipped and spaces left as they are,
+  // so that detokenize(tokenize(text)) is the text. Bytes that are not whole UTF-8 (ids cut inside a character)
+  // come out as U+FFFD.
+  std::string detokenize(const std::string& body) const {
+    const json j = parse_body(body);
+    auto it = j.find("tokens");
+    if (it == j.end() || !it->is_array()) throw bad_request("'tokens' must be a list of token ids", "tokens");
+    std::vector<int32_t> ids;
+    for (const json& v : *it) {
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) ||
+          v.get<int64_t>() < 0 || v.get<int64_t>() >= int64_t(tok_.vocab_size()))
+        throw bad_request("'tokens': token ids must be integers in [0, " + std::to_string(tok_.vocab_size()) +
+                              "), got " + v.dump(),
+                          "tokens");
+      ids.push_back(int32_t(v.get<int64_t>()));
+    }
+    opt::DecodeOptions d;
+    d.skip_special_tokens = true;
+    d.clean_up_tokenization_spaces = false;
+    return json{{"prompt", tok_.decode(ids, d)}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
 
   // POST /generate: {"prompts": ["text", ...], "max_new_tokens": 50, "speculative": true}; greedy, stop at EOS.
   std::shared_ptr<Request> parse_generate(const std::string& body) const {

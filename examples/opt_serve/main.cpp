@@ -1,0 +1,217 @@
+// opt-serve: an HTTP server for OPT models with continuous batching.
+//
+//   opt-serve -m MODEL_DIR [-t TOKENIZER_DIR] [--host 127.0.0.1] [--port 8080] [--max-batch 16] [--threads N]
+//             [--max-queue 64] [--max-body-bytes 1048576] [--max-tokens-limit N] [--max-prompts 32]
+//             [--kv-cache f32|f16|bf16] [--max-connections 4096] [--head-timeout 10] [--body-timeout 30]
+//             [--timeout 30] [--api-key KEY | --api-key-file FILE]
+//             [--lookup N | --draft-self int8|int4 | --draft DIR] [--draft-tokens K]
+//
+// Endpoints
+//   POST /generate        {"prompts": [...], "max_new_tokens": 50} -> {"texts": [...]}: greedy, each text starts
+//                         with its prompt (the seed's contract; equal to batch_decode(skip_special_tokens=True)).
+//   POST /v1/completions  OpenAI completions: prompt (string, list of strings, ids or lists of ids), max_tokens,
+//                         temperature, top_p, top_k, repetition_penalty, stop, seed, echo, n = 1, stream
+//                         (server-sent events "data: {...}\n\n", ending with "data: [DONE]\n\n").
+//   POST /tokenize        {"prompt": "..."} -> {"tokens": [...]}; POST /detokenize {"tokens": [...]} -> {"prompt"}.
+//   GET  /v1/models, GET /health, GET /metrics (Prometheus), GET / (a page to type a prompt and watch the answer).
+//
+// The files: main.cpp (the command line, loading, signals), http.hpp (Boost.Beast sessions, routing, deadlines),
+// api.hpp (what each endpoint answers), scheduler.hpp (the thread that owns opt::Batch), request.hpp (request
+// bodies -> sequences), metrics.hpp (GET /metrics), page.hpp (the page at /), options.hpp (the settings).
+//
+// Design: HTTP sessions (a few I/O threads, event-driven) parse and validate a request (tokenize, check limits),
+// then hand its sequences to ONE scheduler thread that owns the model's opt::Batch. Between two steps the
+// scheduler admits waiting sequences (up to --max-batch running), drops those whose client went away (Batch::stop
+// frees the KV cache at once), runs one step for all of them, and hands each new token to its request's TextStream
+// (streaming detokenizer + stop strings). Every sequence has its own cache, positions and sampler, so its answer is
+// the one it gets alone. Sequences beyond --max-batch wait in a queue of --max-queue; past that a request gets 429.
+// Errors are JSON: {"error": {"message", "type", "param", "code"}}.
+//
+// Speculative decoding (the flags of opt-generate): --lookup N (prompt lookup, n-grams up to N), --draft-self
+// int8|int4 (the model's own weights quantized) or --draft DIR (a draft model with the same vocabulary), with
+// --draft-tokens K (default 4, adaptive). Every sequence then speculates inside the shared batch step (a request
+// opts out with "speculative": false, in /generate and /v1/completions). Greedy answers are exactly the same as
+// without the flag; a seeded sampling answer is the same on every run and in any batch, drawn from the same
+// distribution as without the flag but with draws of its own (opt out to get the plain sampler's draws).
+// /health then adds "speculative": {"drafter", "proposed", "accepted", "passes"}; /metrics the same counters.
+#include <CLI/CLI.hpp>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../kv_cache_option.hpp"
+#include "../speculation_option.hpp"
+#include "api.hpp"
+#include "http.hpp"
+#include "options.hpp"
+
+namespace {
+
+using namespace opt_serve;
+using Clock = std::chrono::steady_clock;
+
+// The soft limit of open files raised to the hard one (each connection is a file descriptor); returns the limit.
+rlim_t raise_file_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit want = r;
+    want.rlim_cur = r.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &want) == 0) r = want;
+  }
+  return r.rlim_cur;
+}
+
+// The key of --api-key-file: the file's first line, without surrounding spaces.
+std::string read_key_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read --api-key-file " + path);
+  std::string line;
+  std::getline(f, line);
+  const size_t b = line.find_first_not_of(" \t\r\n"), e = line.find_last_not_of(" \t\r\n");
+  if (b == std::string::npos) throw std::runtime_error("--api-key-file " + path + " holds no key");
+  return line.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ServerOptions o;
+  std::string api_key, api_key_file;
+  CLI::App app{"Serve an OPT model over HTTP: /generate, OpenAI /v1/completions (with streaming), a web page",
+               "opt-serve"};
+  app.add_option("-m,--model", o.model_dir, "model folder (config.json + safetensors, or pytorch_model.bin)")->required();
+  app.add_option("-t,--tokenizer", o.tokenizer_dir, "tokenizer folder (default: the model folder)");
+  app.add_option("--host", o.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", o.port, "port (0: any free port; the chosen one is printed)")->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--model-name", o.model_name, "the model's name in responses (default: the folder's name)");
+  app.add_option("--max-batch", o.max_batch, "sequences run together in one step")->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--max-queue", o.max_queue, "sequences that may wait for a slot; beyond that: 429")
+      ->capture_default_str()->check(CLI::Range(0, 100000));
+  app.add_option("--threads", o.threads, "compute threads (0: all cores)")->capture_default_str();
+  app.add_option("--http-threads", o.http_threads, "HTTP I/O threads, each serving many connections (0: 2)")
+      ->capture_default_str()->check(CLI::Range(0, 256));
+  app.add_option("--max-body-bytes", o.max_body_bytes, "largest request body; beyond that: 413")
+      ->capture_default_str()->check(CLI::Range(size_t(1), size_t(1) << 30));
+  app.add_option("--max-tokens-limit", o.max_tokens_limit, "largest max_tokens a request may ask (0: the context)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--max-prompts", o.max_prompts, "prompts per request")->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--timeout", o.timeout_s, "time to write an answer (each piece of a stream), seconds")
+      ->capture_default_str()->check(CLI::Range(1, 3600));
+  app.add_option("--head-timeout", o.head_timeout_s,
+                 "time to send a request's head, and to keep an idle connection open, seconds")
+      ->capture_default_str()->check(CLI::Range(1, 3600));
+  app.add_option("--body-timeout", o.body_timeout_s, "time to send a request's body, seconds")
+      ->capture_default_str()->check(CLI::Range(1, 3600));
+  app.add_option("--max-connections", o.max_connections, "open connections; beyond that a new one gets 503")
+      ->capture_default_str()->check(CLI::Range(size_t(1), size_t(1) << 20));
+  auto* key_opt = app.add_option("--api-key", api_key, "every endpoint but /health needs 'Authorization: Bearer KEY'");
+  app.add_option("--api-key-file", api_key_file, "the API key: the first line of this file")->excludes(key_opt);
+  app.add_option("--step-delay-ms", o.step_delay_ms, "sleep after each step (tests and demos)")
+      ->capture_default_str()->check(CLI::Range(0, 10000));
+  app.add_option("--kv-cache", o.kv_cache, "KV cache elements: f32 (exact), f16 or bf16 (half the memory)")
+      ->capture_default_str()->check(kv_cache_validator());
+  add_speculation_options(app, o.spec);
+  CLI11_PARSE(app, argc, argv);
+
+  // SIGINT/SIGTERM are taken by one thread with sigwait; every other thread blocks them. SIGPIPE: a client that
+  // went away makes writes fail instead of killing the process.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const rlim_t files = raise_file_limit();
+  if (files != RLIM_INFINITY && files < o.max_connections + 64)
+    std::fprintf(stderr, "opt-serve: warning: %llu open files allowed (ulimit -n), fewer than --max-connections %zu\n",
+                 (unsigned long long)files, o.max_connections);
+
+  std::unique_ptr<Server> s;
+  std::shared_ptr<opt::Drafter> drafter;
+  std::string drafter_name;
+  try {
+    if (!api_key_file.empty()) api_key = read_key_file(api_key_file);
+    else if (app.count("--api-key") && api_key.empty()) throw std::runtime_error("--api-key is empty");
+    namespace fs = std::filesystem;
+    const fs::path tdir = o.tokenizer_dir.empty() ? fs::path(o.model_dir) : fs::path(o.tokenizer_dir);
+    if (o.model_name.empty()) o.model_name = fs::path(o.model_dir).lexically_normal().filename().string();
+    if (o.model_name.empty()) o.model_name = fs::path(o.model_dir).lexically_normal().parent_path().filename().string();
+    auto t0 = Clock::now();
+    s = std::make_unique<Server>(o, opt::Model::load(o.model_dir), opt::Tokenizer::from_dir(tdir));
+    s->api_key = api_key;
+    RequestRules rules;
+    rules.context = s->context();
+    rules.vocab_size = s->model.config().vocab_size;
+    rules.max_tokens_limit = o.max_tokens_limit;
+    rules.max_prompts = o.max_prompts;
+    s->parser = std::make_unique<RequestParser>(s->tok, rules, std::random_device{}());
+    std::fprintf(stderr, "opt-serve: loaded %s in %.0f ms (context %lld, vocab %lld)\n", o.model_dir.c_str(),
+                 std::chrono::duration<double, std::milli>(Clock::now() - t0).count(),
+                 (long long)s->context(), (long long)s->model.config().vocab_size);
+    drafter = make_drafter(o.spec, o.model_dir, s->model, o.threads, drafter_name);
+    if (drafter)
+      std::fprintf(stderr, "opt-serve: speculative decoding: %s, K<=%lld\n", drafter_name.c_str(),
+                   (long long)o.spec.draft_tokens);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "opt-serve: %s\n", e.what());
+    return 1;
+  }
+  Server& srv = *s;
+  srv.sched = std::make_unique<Scheduler>(srv.model, srv.tok, srv.o, std::move(drafter), drafter_name);
+
+  net::io_context ioc;
+  HttpServer http(srv, ioc);
+  int port = 0;
+  try {
+    port = http.listen(o.host, o.port);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "opt-serve: %s\n", e.what());
+    return 1;
+  }
+  srv.sched->start();
+  http.start();
+
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    std::fprintf(stderr, "opt-serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    http.begin_shutdown();  // no new connections; idle ones close
+    srv.sched->shutdown();  // running and waiting requests end with an error; streams close after it
+    // the sessions write those last answers; whatever is still open after 3 s is dropped
+    for (int i = 0; i < 300 && srv.connections.load() > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ioc.stop();
+  });
+  std::printf("opt-serve: listening on http://%s:%d\n", o.host.c_str(), port);
+  std::fflush(stdout);
+
+  const size_t io_threads = o.http_threads ? o.http_threads : 2;
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < io_threads; ++i) pool.emplace_back([&ioc] { ioc.run(); });
+  ioc.run();
+  for (auto& t : pool) t.join();
+  http.abandon_all();  // what is left (past the 3 s) is dropped with the io_context
+  // run() can also end without a signal (nothing left to do): let the signal thread finish
+  if (!srv.sched->stopping()) {
+    pthread_kill(signals.native_handle(), SIGTERM);
+  }
+  signals.join();
+  std::fprintf(stderr, "opt-serve: stopped\n");
+  return 0;
+}
