@@ -108,8 +108,8 @@ TEST_CASE("a seed gives each choice its own stream; echo returns the prompt") {
 TEST_CASE("\"speculative\": true by default, false opts every choice out, anything else is a 400") {
   const RequestParser p(tokenizer(), RequestRules{64, 50272, 48, 4}, 1);
   CHECK(p.parse_generate(R"({"prompts": ["a", "b"]})")->choices[1].speculative);
-  for (const auto& c : p.parse_generate(R"({"prompts": ["a", "b"], "speculative": false})")->choices)
-    CHECK_FALSE(c.speculative);
+  const auto off = p.parse_generate(R"({"prompts": ["a", "b"], "speculative": false})");  // (held: the loop reads it)
+  for (const auto& c : off->choices) CHECK_FALSE(c.speculative);
   CHECK(p.parse_completion(R"({"prompt": "a"})").req->choices[0].speculative);
   CHECK_FALSE(p.parse_completion(R"({"prompt": ["a", "b"], "speculative": false})").req->choices[1].speculative);
   CHECK(error_of([&] { p.parse_generate(R"({"prompts": ["a"], "speculative": 1})"); }).param == "speculative");
