@@ -224,6 +224,8 @@ class Scheduler {
       return;
     }
     ++steps_;
+    // the counters first: a client that reads GET /health after its answer sees its sequence gone
+    active_count_ = active_.size() - done.size();
     for (auto& [id, reason] : done) {
       finish(active_.at(id), &id, reason);
       batch_.release(id);
