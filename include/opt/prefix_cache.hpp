@@ -19,6 +19,7 @@
 // may read stats() from any thread (opt-serve's scheduler thread copies and stores, HTTP threads read the stats).
 #pragma once
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <map>
