@@ -173,6 +173,30 @@ TEST_CASE("several sequences share a prefix at once; two newcomers with one prom
   check_same(first[1], first[0]);
 }
 
+TEST_CASE("seeded sampling from a cached prefix draws what it draws cold") {
+  opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
+  const std::vector<int32_t> p = golden("opt-tiny-preln", "single_maxpos").prompt;
+  auto sample = [&](opt::Batch& b) {
+    opt::SequenceOptions so;
+    so.max_new_tokens = 8;
+    so.sampling.do_sample = true;
+    so.sampling.temperature = 0.9f;
+    so.sampling.top_k = 50;
+    so.sampling.seed = 11;
+    const opt::SeqId id = b.add(p, so);
+    while (!b.empty()) b.step();
+    const std::vector<int32_t> out = b.new_tokens(id);
+    b.release(id);
+    return out;
+  };
+  opt::Batch plain(m, 1), b(m, 1);
+  b.set_prefix_cache(cache_for(m, 8));
+  const std::vector<int32_t> want = sample(plain);
+  CHECK(sample(b) == want);
+  CHECK(sample(b) == want);
+  CHECK(b.prefix_cache()->stats().hit_tokens == 48);
+}
+
 TEST_CASE("the budget holds, the least recently used block goes first, and answers survive evictions") {
   opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
   const std::vector<int32_t> base = golden("opt-tiny-preln", "single_maxpos").prompt;
