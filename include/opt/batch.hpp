@@ -160,7 +160,7 @@ class Batch {
   size_t max_cache_bytes() const noexcept { return max_cache_bytes_; }
 
   // The cache of prompt prefixes new sequences start from and prompts are stored in (null: none). It must be the
-  // cache of this batch's model (else an input_error); sequences already added are not affected.
+  // cache of this batch's model (else an input_error). Sequences added before keep what they started from.
   void set_prefix_cache(std::shared_ptr<PrefixCache> cache) {
     if (cache && &cache->model() != model_)
       throw input_error("Batch::set_prefix_cache: the PrefixCache belongs to another model");
