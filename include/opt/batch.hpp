@@ -180,17 +180,7 @@ class Batch {
   // (the batch's own list, valid until the next compute() or step(): a step allocates nothing once the first
   // decode step has sized the buffers). Follow it with accept() for each (or use step(), which does both).
   const std::vector<SeqLogits>& compute() {
-    chunks_.clear();
-    order_.clear();
-    for (auto& [id, s] : seqs_) {
-      if (s.finished) continue;
-      const int64_t have = s.cache->size();
-      const int64_t pending = int64_t(s.tokens.size()) - have;
-      if (pending <= 0)
-        throw input_error("Batch::compute: sequence " + std::to_string(id) + " has no pending token (call accept)");
-      chunks_.push_back({s.cache.get(), s.tokens.data() + have, pending});
-      order_.push_back(id);
-    }
+    gather("compute", false);
     std::vector<SeqLogits>& out = logits_;
     out.clear();
     if (chunks_.empty()) return out;
@@ -236,39 +226,10 @@ class Batch {
     bool speculates = false;
     for (auto& [id, s] : seqs_) speculates = speculates || (!s.finished && s.spec);
     if (!speculates) {  // compute() and accept(): the plain step
-      for (const SeqLogits& l : compute()) {
-        out.push_back(accept(l.seq, choose(l)));
-        out.back().logits = l.logits;
-        if (on_token && !on_token(out.back()) && !out.back().finished) stop(l.seq);
-      }
+      for (const SeqLogits& l : compute()) accept_chosen(l.seq, l.logits, l.size, on_token, out);
       return out;
     }
-    const int64_t vocab = model_->config().vocab_size;
-    chunks_.clear();
-    order_.clear();
-    live_.clear();
-    int64_t rows = 0;
-    for (auto& [id, s] : seqs_) {
-      if (s.finished) continue;
-      const int64_t have = s.cache->size();
-      const int64_t pending = int64_t(s.tokens.size()) - have;
-      if (pending <= 0)
-        throw input_error("Batch::step: sequence " + std::to_string(id) + " has no pending token (call accept)");
-      s.draft.clear();
-      if (s.spec && pending == 1)  // a decode step: proposals that could still be kept
-        s.spec->draft(s.tokens, s.opts.max_new_tokens - int64_t(s.tokens.size() - s.prompt_len) - 1, vocab, s.draft);
-      SequenceChunk ch{s.cache.get(), s.tokens.data() + have, pending};
-      if (!s.draft.empty()) {  // the pending token and the proposals, with every position's logits
-        s.pass.assign(1, s.tokens.back());
-        s.pass.insert(s.pass.end(), s.draft.begin(), s.draft.end());
-        ch = {s.cache.get(), s.pass.data(), int64_t(s.pass.size()), true};
-      }
-      s.row = rows;
-      rows += ch.all_logits ? ch.n : 1;
-      chunks_.push_back(ch);
-      order_.push_back(id);
-      live_.push_back(&s);
-    }
+    gather("step", true);
     if (chunks_.empty()) return out;
     const LogitsView lv = model_->forward(chunks_, *ws_);
     store_prompts();  // (before verify: only the prompt's positions, which no rollback reaches)
@@ -277,9 +238,7 @@ class Batch {
       Seq& s = *live_[i];
       const float* first = lv.row(s.row);
       if (!s.spec) {
-        out.push_back(accept(id, s.sampler.sample(first, lv.cols, s.tokens)));
-        out.back().logits = first;
-        if (on_token && !on_token(out.back()) && !out.back().finished) stop(id);
+        accept_chosen(id, first, lv.cols, on_token, out);
         continue;
       }
       const int64_t before = s.cache->size() - chunks_[i].n;
@@ -346,6 +305,47 @@ class Batch {
     return it->second;
   }
   const Seq& get(SeqId id, const char* what) const { return const_cast<Batch*>(this)->get(id, what); }
+  // The chunks of the next pass (chunks_, order_, live_ and each Seq::row): every active sequence's pending tokens.
+  // With `drafts`, a speculating sequence's decode step drafts, and its chunk is the pending token and the
+  // proposals, with every position's logits.
+  void gather(const char* who, bool drafts) {
+    const int64_t vocab = model_->config().vocab_size;
+    chunks_.clear();
+    order_.clear();
+    live_.clear();
+    int64_t rows = 0;
+    for (auto& [id, s] : seqs_) {
+      if (s.finished) continue;
+      const int64_t have = s.cache->size();
+      const int64_t pending = int64_t(s.tokens.size()) - have;
+      if (pending <= 0)
+        throw input_error(std::string("Batch::") + who + ": sequence " + std::to_string(id) +
+                          " has no pending token (call accept)");
+      s.draft.clear();
+      if (drafts && s.spec && pending == 1)  // a decode step: proposals that could still be kept
+        s.spec->draft(s.tokens, s.opts.max_new_tokens - int64_t(s.tokens.size() - s.prompt_len) - 1, vocab, s.draft);
+      SequenceChunk ch{s.cache.get(), s.tokens.data() + have, pending};
+      if (!s.draft.empty()) {
+        s.pass.assign(1, s.tokens.back());
+        s.pass.insert(s.pass.end(), s.draft.begin(), s.draft.end());
+        ch = {s.cache.get(), s.pass.data(), int64_t(s.pass.size()), true};
+      }
+      s.row = rows;
+      rows += ch.all_logits ? ch.n : 1;
+      chunks_.push_back(ch);
+      order_.push_back(id);
+      live_.push_back(&s);
+    }
+  }
+  // accept() of the token the sequence's sampler picks from its logits, into out and to on_token (false stops
+  // the sequence there).
+  void accept_chosen(SeqId id, const float* logits, int64_t n,
+                     const std::function<bool(const StepToken&)>& on_token, std::vector<StepToken>& out) {
+    Seq& s = get(id, "step");
+    out.push_back(accept(id, s.sampler.sample(logits, n, s.tokens)));
+    out.back().logits = logits;
+    if (on_token && !on_token(out.back()) && !out.back().finished) stop(id);
+  }
   // After a pass: the prompts it completed go to the PrefixCache.
   void store_prompts() {
     for (auto& [id, s] : seqs_)
