@@ -2,8 +2,8 @@
 // Sampling follows transformers' order and semantics: repetition penalty, then temperature, top-k, top-p, then a
 // draw from the softmax. OpenAI's logit_bias, presence_penalty and frequency_penalty, when set, come in vLLM's
 // order: the bias first, then the repetition penalty, then the presence and frequency penalties (over the generated
-// ids only), all before temperature; greedy applies them too. The random stream is our own (std::mt19937_64): the same seed gives the same output
-// here, though not the same numbers as torch's generator.
+// ids only), all before temperature; greedy applies them too. The random stream is our own (std::mt19937_64): the
+// same seed gives the same output here, though not the same numbers as torch's generator.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -54,7 +54,8 @@ struct SamplingOptions {
     if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
       throw input_error("sampling: repetition_penalty = " + std::to_string(repetition_penalty) + ", expected > 0");
     if (!std::isfinite(presence_penalty))
-      throw input_error("sampling: presence_penalty = " + std::to_string(presence_penalty) + ", expected a finite value");
+      throw input_error("sampling: presence_penalty = " + std::to_string(presence_penalty) +
+                        ", expected a finite value");
     if (!std::isfinite(frequency_penalty))
       throw input_error("sampling: frequency_penalty = " + std::to_string(frequency_penalty) +
                         ", expected a finite value");
