@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <opt/batch.hpp>
 #include <opt/generate.hpp>
+#include <opt/logprobs.hpp>
 #include <opt/model.hpp>
 #include <opt/speculative.hpp>
 #include <opt/tokenizer.hpp>
@@ -153,6 +154,7 @@ class Scheduler {
       opt::SequenceOptions so = c.opts;
       so.kv_cache = kv_cache_;
       if (c.speculative) so.speculation = spec_;
+      if (c.echo_logprobs) add_prompt_logprobs(c, e.req->m);
       id = batch_.add(c.prompt, so);
     } catch (const std::exception& ex) {  // validated before; should not happen
       fail(e, ex.what());
@@ -165,6 +167,14 @@ class Scheduler {
     }
     active_.emplace(id, e);
     active_count_ = active_.size();
+  }
+
+  // echo with logprobs: the prompt's own log-probabilities, from a pass over the prompt of its own (the batch's
+  // prefill computes only the last position's logits).
+  void add_prompt_logprobs(Choice& c, std::mutex& m) {
+    auto lp = opt::prompt_logprobs(batch_.model(), c.prompt, c.logprobs, batch_.workspace(), kv_cache_);
+    std::lock_guard<std::mutex> lk(m);
+    c.prompt_lp = std::move(lp);
   }
 
   void drop_cancelled() {
@@ -187,6 +197,7 @@ class Scheduler {
     // each new token as the batch accepts it (a speculating sequence may get several in a step): to its stream;
     // false stops the sequence there (a stop string)
     std::vector<std::pair<opt::SeqId, std::string>> done;  // finished this step, with their finish reason
+    const int64_t vocab = batch_.model().config().vocab_size;
     auto on_token = [&](const opt::StepToken& st) {
       Entry& e = active_.at(st.seq);
       Choice& c = e.req->choices[e.choice];
@@ -200,15 +211,23 @@ class Scheduler {
         reason = "stop";
       }
       if (finished) piece += c.stream->finish();
+      TokenLogprobs tl;
+      if (c.logprobs >= 0 && st.logits) tl.lp = opt::logprobs(st.logits, vocab, st.token, c.logprobs);
       {
         std::lock_guard<std::mutex> lk(e.req->m);
-        if (!piece.empty()) c.out.push_back(piece);
+        if (c.logprobs >= 0) {  // the piece goes with the token's logprobs, every token its own event
+          tl.text_offset = c.lp.empty() ? c.echo_chars : c.lp.back().text_offset + code_points(c.lp.back().piece);
+          tl.piece = piece;
+          c.lp.push_back(std::move(tl));
+        } else if (!piece.empty()) {
+          c.out.push_back(piece);
+        }
         c.completion += piece;
         if (c.completion_tokens == 0) c.first_token_at = std::chrono::steady_clock::now();
         ++c.completion_tokens;
       }
       if (finished) done.emplace_back(st.seq, reason);
-      else if (!piece.empty()) e.req->notify();
+      else if (!piece.empty() || c.logprobs >= 0) e.req->notify();
       return more;
     };
     try {
