@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -211,7 +212,9 @@ class Scheduler {
         reason = "stop";
       }
       if (finished) piece += c.stream->finish();
-      TokenLogprobs tl;
+      TokenLogprobs tl;  // (logprobs: of the logits that chose the token, the model's raw distribution)
+      tl.lp.token = st.token;
+      tl.lp.logprob = std::numeric_limits<double>::quiet_NaN();  // (null; step() always gives the logits)
       if (c.logprobs >= 0 && st.logits) tl.lp = opt::logprobs(st.logits, vocab, st.token, c.logprobs);
       {
         std::lock_guard<std::mutex> lk(e.req->m);
