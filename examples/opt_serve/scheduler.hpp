@@ -155,7 +155,7 @@ class Scheduler {
       opt::SequenceOptions so = c.opts;
       so.kv_cache = kv_cache_;
       if (c.speculative) so.speculation = spec_;
-      if (c.echo_logprobs) add_prompt_logprobs(c, e.req->m);
+      if (c.echo_logprobs) add_prompt_logprobs(*e.req, c);
       id = batch_.add(c.prompt, so);
     } catch (const std::exception& ex) {  // validated before; should not happen
       fail(e, ex.what());
@@ -171,10 +171,18 @@ class Scheduler {
   }
 
   // echo with logprobs: the prompt's own log-probabilities, from a pass over the prompt of its own (the batch's
-  // prefill computes only the last position's logits).
-  void add_prompt_logprobs(Choice& c, std::mutex& m) {
+  // prefill computes only the last position's logits); the n choices of a prompt share one pass.
+  void add_prompt_logprobs(Request& r, Choice& c) {
+    {
+      std::lock_guard<std::mutex> lk(r.m);
+      for (const Choice& o : r.choices)
+        if (&o != &c && !o.prompt_lp.empty() && o.logprobs == c.logprobs && o.prompt == c.prompt) {
+          c.prompt_lp = o.prompt_lp;
+          return;
+        }
+    }
     auto lp = opt::prompt_logprobs(batch_.model(), c.prompt, c.logprobs, batch_.workspace(), kv_cache_);
-    std::lock_guard<std::mutex> lk(m);
+    std::lock_guard<std::mutex> lk(r.m);
     c.prompt_lp = std::move(lp);
   }
 
