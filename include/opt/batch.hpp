@@ -7,6 +7,9 @@
 // A sequence may speculate (SequenceOptions::speculation, made by opt::speculation() in speculative.hpp): step()
 // then runs its pending token and a drafter's proposals in the same pass, keeps what its sampler accepts and
 // reports every kept token (several StepTokens in a step). speculative.hpp owns that logic; Batch only calls it.
+//
+// With a PrefixCache (set_prefix_cache, prefix_cache.hpp) a new sequence starts from the cached keys and values of
+// the longest cached prefix of its prompt and computes only the rest; each prompt, once run, is stored there.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -19,6 +22,7 @@
 
 #include "opt/error.hpp"
 #include "opt/model.hpp"
+#include "opt/prefix_cache.hpp"
 #include "opt/sampler.hpp"
 
 OPT_NAMESPACE_BEGIN
@@ -67,6 +71,9 @@ struct SequenceOptions {
   // Speculative decoding in step() (opt::speculation(drafter, ...), speculative.hpp); null: plain steps. Greedy
   // sequences get plain greedy's tokens and logits exactly; sampling ones the same distribution, reproducibly.
   std::shared_ptr<const Speculation> speculation;
+  // With the batch's PrefixCache (Batch::set_prefix_cache): start from the longest cached prefix of the prompt, and
+  // store the prompt once run. The tokens and logits are the same either way.
+  bool prefix_cache = true;
 };
 
 using SeqId = uint64_t;
@@ -135,6 +142,10 @@ class Batch {
       s.reason = FinishReason::length;
     } else {
       s.cache = std::make_unique<KvCache>(c, need, opts.kv_cache);
+      if (prefix_ && opts.prefix_cache) {  // a cached prefix, leaving a token for the pass that gives the logits
+        prefix_->load(s.tokens.data(), len, len - 1, *s.cache);
+        s.store_prompt = true;
+      }
     }
     const SeqId id = next_id_++;
     seqs_.emplace(id, std::move(s));
@@ -148,6 +159,15 @@ class Batch {
   // The cap on the KV cache all unfinished sequences may hold together (default OPT_MAX_KV_BYTES).
   void set_max_cache_bytes(size_t bytes) noexcept { max_cache_bytes_ = bytes; }
   size_t max_cache_bytes() const noexcept { return max_cache_bytes_; }
+
+  // The cache of prompt prefixes new sequences start from and prompts are stored in (null: none). It must be the
+  // cache of this batch's model (else an input_error). Sequences added before keep what they started from.
+  void set_prefix_cache(std::shared_ptr<PrefixCache> cache) {
+    if (cache && &cache->model() != model_)
+      throw input_error("Batch::set_prefix_cache: the PrefixCache belongs to another model");
+    prefix_ = std::move(cache);
+  }
+  const std::shared_ptr<PrefixCache>& prefix_cache() const noexcept { return prefix_; }
 
   // Sequences that have not finished.
   size_t active() const noexcept {
@@ -176,6 +196,7 @@ class Batch {
     out.clear();
     if (chunks_.empty()) return out;
     LogitsView lv = model_->forward(chunks_, *ws_);
+    store_prompts();
     for (size_t i = 0; i < order_.size(); ++i) out.push_back({order_[i], lv.row(int64_t(i)), lv.cols});
     return out;
   }
@@ -251,6 +272,7 @@ class Batch {
     }
     if (chunks_.empty()) return out;
     const LogitsView lv = model_->forward(chunks_, *ws_);
+    store_prompts();  // (before verify: only the prompt's positions, which no rollback reaches)
     for (size_t i = 0; i < order_.size(); ++i) {
       const SeqId id = order_[i];
       Seq& s = *live_[i];
@@ -315,6 +337,7 @@ class Batch {
     std::vector<int32_t> draft, pass;  // step(): this pass's proposals; pending token + proposals
     int64_t row = 0;                   // step(): the sequence's first logits row in the pass
     std::unique_ptr<KvCache> cache;
+    bool store_prompt = false;  // the prompt goes to the PrefixCache once run
     bool finished = false;
     FinishReason reason = FinishReason::none;
   };
@@ -324,6 +347,14 @@ class Batch {
     return it->second;
   }
   const Seq& get(SeqId id, const char* what) const { return const_cast<Batch*>(this)->get(id, what); }
+  // After a pass: the prompts it completed go to the PrefixCache.
+  void store_prompts() {
+    for (auto& [id, s] : seqs_)
+      if (s.store_prompt && !s.finished && s.cache->size() >= int64_t(s.prompt_len)) {
+        s.store_prompt = false;
+        if (prefix_) prefix_->store(s.tokens.data(), int64_t(s.prompt_len), *s.cache);
+      }
+  }
   static void retire(Seq& s, FinishReason r) {
     s.finished = true;
     s.reason = r;
@@ -336,6 +367,7 @@ class Batch {
   std::map<SeqId, Seq> seqs_;  // ordered: passes are laid out in the order sequences joined
   SeqId next_id_ = 1;
   size_t max_cache_bytes_ = OPT_MAX_KV_BYTES;
+  std::shared_ptr<PrefixCache> prefix_;
   std::vector<SequenceChunk> chunks_;
   std::vector<SeqId> order_;
   std::vector<Seq*> live_;  // step(): the sequences of order_
