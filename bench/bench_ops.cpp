@@ -1,13 +1,16 @@
 // Kernel benchmarks: GEMV per weight dtype (decode), the GEMM shapes of an opt-125m prefill, attention and
-// LayerNorm. Every kernel is checked against its plain reference (opt::ref) before it is timed; a mismatch
+// LayerNorm; and the per-token logprobs of a 50272-token vocabulary (opt/logprobs.hpp).
+// Every kernel is checked against its plain reference (opt::ref) before it is timed; a mismatch
 // skips the benchmark with an error. Counters: GB/s (bytes of weights read) for GEMV, GFLOP/s for GEMM.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
 #include <cstdint>
+#include <opt/logprobs.hpp>
 #include <opt/ops.hpp>
 #include <opt/ops_ref.hpp>
 #include <opt/quantize.hpp>
+#include <opt/sampler.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -187,6 +190,32 @@ void BM_LayerNorm(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_LayerNorm)->Args({1, 768})->Args({512, 768})->Unit(benchmark::kMicrosecond);
+
+// The per-token cost of opt-serve's "logprobs": opt::logprobs over one row of opt-125m's vocabulary (50272), the
+// chosen token's log-probability and the top N (Arg; 0: the token's only), next to the argmax that greedy pays
+// anyway. Checked first against log_softmax written out in long double.
+void BM_Logprobs(benchmark::State& state) {
+  const int64_t V = 50272, top = state.range(0);
+  const std::vector<float> x = randn(size_t(V), 9, 3.0f);
+  const int32_t token = opt::argmax(x.data(), V);
+  long double mx = x[size_t(token)], sum = 0;
+  for (float v : x) sum += std::exp(static_cast<long double>(v) - mx);
+  const double want = double(-std::log(sum));
+  const opt::PositionLogprobs lp = opt::logprobs(x.data(), V, token, top);
+  if (!(std::fabs(lp.logprob - want) <= 1e-7) || lp.top.size() != size_t(top) ||
+      (top > 0 && lp.top[0].token != token)) {
+    state.SkipWithError("opt::logprobs differs from the long-double log_softmax");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(opt::logprobs(x.data(), V, token, top));
+}
+BENCHMARK(BM_Logprobs)->Arg(0)->Arg(5)->Arg(20)->Unit(benchmark::kMicrosecond);
+
+void BM_Argmax(benchmark::State& state) {
+  const std::vector<float> x = randn(50272, 9, 3.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(opt::argmax(x.data(), int64_t(x.size())));
+}
+BENCHMARK(BM_Argmax)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -82,7 +82,8 @@ TEST_CASE("bad fields name themselves") {
   CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "top_p": 0})"); }).param == "top_p");
   CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "stop": ["a","b","c","d","e"]})"); }).param == "stop");
   CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "stop": ""})"); }).param == "stop");
-  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "n": 2})"); }).param == "n");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "n": 0})"); }).param == "n");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": ["a", "b"], "n": 3})"); }).param == "n");  // 6 > 4
   CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "max_tokens": 2.5})"); }).param == "max_tokens");
   CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "stream_options": {}})"); }).param == "stream_options");
   // integers as doubles: 3.0 is 3; 2^63 and beyond are out of range (casting them would be undefined behaviour)
@@ -103,6 +104,45 @@ TEST_CASE("a seed gives each choice its own stream; echo returns the prompt") {
   CHECK(cr.echo == std::vector<std::string>{"a", "Hello"});
   CHECK(cr.req->choices[1].stop == std::vector<std::string>{"x"});
   CHECK(opt_serve::error_body(opt_serve::bad_request(std::string("bad \xff byte"))).find("bad") != std::string::npos);
+}
+
+TEST_CASE("n choices per prompt, logprobs, penalties and logit_bias reach the choices' options") {
+  const RequestParser p(tokenizer(), RequestRules{64, 50272, 48, 6}, 1);
+  auto cr = p.parse_completion(R"({"prompt": ["a", [2, 31414]], "n": 3, "seed": 7, "logprobs": 2, "echo": true,
+                                   "presence_penalty": 0.5, "frequency_penalty": -1,
+                                   "logit_bias": {"5": 2, "9": -100}})");
+  REQUIRE(cr.req->choices.size() == 6);
+  CHECK(cr.n == 3);
+  for (size_t i = 0; i < 6; ++i) {
+    const opt_serve::Choice& c = cr.req->choices[i];
+    CHECK(c.prompt == cr.req->choices[i < 3 ? 0 : 3].prompt);  // prompt i / n
+    CHECK(c.opts.sampling.seed == 7 + i);
+    CHECK(c.logprobs == 2);
+    CHECK(c.echo_logprobs);
+    CHECK(c.opts.sampling.presence_penalty == 0.5f);
+    CHECK(c.opts.sampling.frequency_penalty == -1.0f);
+    CHECK(c.opts.sampling.logit_bias == std::vector<std::pair<int32_t, float>>{{5, 2.0f}, {9, -100.0f}});
+  }
+  CHECK(cr.req->choices[3].prompt == std::vector<int32_t>{2, 31414});
+  CHECK(cr.echo == std::vector<std::string>{"a", "a", "a", "Hello", "Hello", "Hello"});
+  CHECK(cr.req->choices[0].echo_chars == 1);
+  // without the options: no logprobs, no bias, no penalties; logprobs 0 is the chosen token's only
+  auto plain = p.parse_completion(R"({"prompt": "a"})");
+  CHECK(plain.req->choices[0].logprobs == -1);
+  CHECK(!plain.req->choices[0].opts.sampling.processes_logits());
+  CHECK(p.parse_completion(R"({"prompt": "a", "logprobs": 0})").req->choices[0].logprobs == 0);
+  CHECK(!p.parse_completion(R"({"prompt": "a", "logprobs": 0})").req->choices[0].echo_logprobs);
+  for (const char* bad : {R"("logit_bias": {"50272": 1})", R"("logit_bias": {"01x": 1})", R"("logit_bias": {"": 1})",
+                          R"("logit_bias": {"3": 100.5})", R"("logit_bias": {"3": null})", R"("logit_bias": 3)",
+                          R"("logit_bias": {"99999999999": 1})"})
+    CHECK(error_of([&] { p.parse_completion(std::string(R"({"prompt": "a", )") + bad + "}"); }).param ==
+          "logit_bias");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "logprobs": 21})"); }).param == "logprobs");
+  CHECK(error_of([&] { p.parse_completion(R"({"prompt": "a", "presence_penalty": 2.01})"); }).param ==
+        "presence_penalty");
+  const ApiError e = error_of([&] { p.parse_completion(R"({"prompt": ["a", "b", "c"], "n": 3})"); });
+  CHECK(e.param == "n");
+  CHECK(e.message.find("9 choices; at most 6") != std::string::npos);
 }
 
 TEST_CASE("\"speculative\": true by default, false opts every choice out, anything else is a 400") {

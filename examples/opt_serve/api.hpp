@@ -117,13 +117,72 @@ inline Reply generate_reply(Server& s, Request& r) {
 
 // ---- POST /v1/completions -------------------------------------------------------------------------------------
 
-inline json usage_of(const Request& r) {
+// Token counts: each prompt once (its n choices share it), every choice's completion.
+inline json usage_of(const Request& r, size_t n = 1) {
   size_t p = 0, c = 0;
-  for (const Choice& ch : r.choices) {
-    p += ch.prompt.size();
+  for (size_t i = 0; i < r.choices.size(); ++i) {
+    const Choice& ch = r.choices[i];
+    if (i % n == 0) p += ch.prompt.size();
     c += ch.completion_tokens;
   }
   return {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
+}
+
+// ---- logprobs: OpenAI's legacy completions shape ----------------------------------------------------------------
+
+// The text of one token in the logprobs lists: its bytes decoded alone, special tokens kept ("</s>"), spaces as
+// they are; bytes that are not whole UTF-8 come out as U+FFFD; an id the tokenizer lacks as "".
+inline std::string token_text(const opt::Tokenizer& tok, int32_t id) {
+  if (id < 0 || size_t(id) >= tok.vocab_size()) return std::string();
+  opt::DecodeOptions d;
+  d.skip_special_tokens = false;
+  d.clean_up_tokenization_spaces = false;
+  return tok.decode({id}, d);
+}
+
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, empty lists.
+inline json empty_logprobs() {
+  return {{"tokens", json::array()},
+          {"token_logprobs", json::array()},
+          {"top_logprobs", json::array()},
+          {"text_offset", json::array()}};
+}
+
+// Appends one position to a logprobs object: the token, its log-probability and the top N as {text: logprob} (the
+// token itself included, as vLLM does, so up to N + 1 entries); `first`: the prompt's first token, which has
+// neither (null).
+inline void add_logprob(const opt::Tokenizer& tok, json& out, int32_t token, const opt::PositionLogprobs* lp,
+                        size_t offset) {
+  out["tokens"].push_back(token_text(tok, token));
+  out["text_offset"].push_back(offset);
+  if (!lp) {
+    out["token_logprobs"].push_back(nullptr);
+    out["top_logprobs"].push_back(nullptr);
+    return;
+  }
+  out["token_logprobs"].push_back(lp->logprob);
+  json top = json::object();
+  for (const opt::TokenLogprob& t : lp->top) top.emplace(token_text(tok, t.token), t.logprob);
+  top.emplace(token_text(tok, lp->token), lp->logprob);  // (no effect when it is among the top)
+  out["top_logprobs"].push_back(std::move(top));
+}
+
+// The echoed prompt's positions (echo with logprobs): offsets into the echoed text.
+inline void add_prompt_logprobs(const Server& s, const Choice& c, json& out) {
+  opt::DecodeOptions d;
+  d.skip_special_tokens = true;
+  d.clean_up_tokenization_spaces = false;
+  opt::StreamDecoder dec(s.tok, d);
+  size_t offset = 0;
+  for (size_t i = 0; i < c.prompt.size(); ++i) {
+    add_logprob(s.tok, out, c.prompt[i], i == 0 || i > c.prompt_lp.size() ? nullptr : &c.prompt_lp[i - 1], offset);
+    if (c.prompt[i] >= 0 && size_t(c.prompt[i]) < s.tok.vocab_size()) offset += code_points(dec.push(c.prompt[i]));
+  }
+}
+
+// Generated tokens [from, to) of a choice.
+inline void add_token_logprobs(const Server& s, const Choice& c, size_t from, size_t to, json& out) {
+  for (size_t k = from; k < to; ++k) add_logprob(s.tok, out, c.lp[k].lp.token, &c.lp[k].lp, c.lp[k].text_offset);
 }
 
 inline json chunk_json(const Server& s, const CompletionRequest& cr, json choices) {
@@ -136,36 +195,53 @@ inline Reply completion_reply(Server& s, CompletionRequest& cr) {
   json choices = json::array();
   for (size_t i = 0; i < cr.req->choices.size(); ++i) {
     const Choice& c = cr.req->choices[i];
+    json lp = nullptr;
+    if (c.logprobs >= 0) {
+      lp = empty_logprobs();
+      if (c.echo_logprobs) add_prompt_logprobs(s, c, lp);
+      add_token_logprobs(s, c, 0, c.lp.size(), lp);
+    }
     choices.push_back({{"text", cr.echo[i] + c.completion},
                        {"index", i},
-                       {"logprobs", nullptr},
+                       {"logprobs", std::move(lp)},
                        {"finish_reason", c.finish_reason}});
   }
   json body = chunk_json(s, cr, std::move(choices));
-  body["usage"] = usage_of(*cr.req);
+  body["usage"] = usage_of(*cr.req, cr.n);
   return json_reply(body);
 }
 
 // Where a streamed completion is: echo sent, which choices sent their last event.
 struct StreamState {
-  bool echoed = false;
-  std::vector<bool> sent_done;
+  std::vector<bool> echo_sent, sent_done;
 };
 
-// Appends to `out` the server-sent events ready now: one event per piece of text, as OpenAI sends one per token; a
-// choice's last event carries its finish_reason (an empty text when the last token added none). Returns true when
-// the stream is over ("data: [DONE]" appended).
+// Appends to `out` the server-sent events ready now: one event per piece of text, as OpenAI sends one per token
+// (with logprobs: one per token, carrying its logprobs, even when it added no text); a choice's last event carries
+// its finish_reason (an empty text when the last token added none). Returns true when the stream is over
+// ("data: [DONE]" appended).
 inline bool stream_events(const Server& s, CompletionRequest& cr, StreamState& st, std::string& out) {
   Request& r = *cr.req;
-  auto event = [&](size_t i, const std::string& text, const json& finish) {
-    json ch = json::array({{{"text", text}, {"index", i}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+  auto event = [&](size_t i, const std::string& text, const json& finish, json lp = nullptr) {
+    json ch = json::array({{{"text", text}, {"index", i}, {"logprobs", std::move(lp)}, {"finish_reason", finish}}});
     return "data: " + chunk_json(s, cr, std::move(ch)).dump() + "\n\n";
   };
   if (st.sent_done.size() != r.choices.size()) st.sent_done.assign(r.choices.size(), false);
-  if (!st.echoed) {
-    st.echoed = true;
-    for (size_t i = 0; i < cr.echo.size(); ++i)
-      if (!cr.echo[i].empty()) out += event(i, cr.echo[i], nullptr);
+  if (st.echo_sent.size() != r.choices.size()) st.echo_sent.assign(r.choices.size(), false);
+  for (size_t i = 0; i < cr.echo.size(); ++i) {
+    if (st.echo_sent[i]) continue;
+    const Choice& c = r.choices[i];
+    if (c.echo_logprobs) {  // the prompt's logprobs come with it, once the scheduler has admitted the choice
+      std::unique_lock<std::mutex> lk(r.m);
+      if (c.prompt_lp.size() + 1 < c.prompt.size() && !c.done) continue;
+      json lp = empty_logprobs();
+      add_prompt_logprobs(s, c, lp);
+      lk.unlock();
+      out += event(i, cr.echo[i], nullptr, std::move(lp));
+    } else if (!cr.echo[i].empty()) {
+      out += event(i, cr.echo[i], nullptr);
+    }
+    st.echo_sent[i] = true;
   }
   bool all_done = false;
   std::string failure;
@@ -173,8 +249,21 @@ inline bool stream_events(const Server& s, CompletionRequest& cr, StreamState& s
     std::lock_guard<std::mutex> lk(r.m);
     for (size_t i = 0; i < r.choices.size(); ++i) {
       Choice& c = r.choices[i];
-      if (st.sent_done[i]) continue;
+      if (st.sent_done[i] || !st.echo_sent[i]) continue;
       const bool last = c.done;
+      if (c.logprobs >= 0) {
+        for (size_t k = c.lp_sent; k < c.lp.size(); ++k) {
+          json lp = empty_logprobs();
+          add_token_logprobs(s, c, k, k + 1, lp);
+          const bool fin = last && k + 1 == c.lp.size() && c.finish_reason != "error";
+          out += event(i, c.lp[k].piece, fin ? json(c.finish_reason) : json(nullptr), std::move(lp));
+        }
+        if (last && c.lp_sent == c.lp.size())  // done with no new token: an event for the finish_reason
+          out += event(i, "", c.finish_reason != "error" ? json(c.finish_reason) : json(nullptr), empty_logprobs());
+        c.lp_sent = c.lp.size();
+        if (last) st.sent_done[i] = true;
+        continue;
+      }
       if (last && c.out.empty()) c.out.emplace_back();
       for (size_t k = 0; k < c.out.size(); ++k) {
         const bool fin = last && k + 1 == c.out.size();
@@ -191,7 +280,7 @@ inline bool stream_events(const Server& s, CompletionRequest& cr, StreamState& s
     out += "data: " + error_body({503, failure, "server_error", "", "unavailable"}) + "\n\n";
   } else if (cr.include_usage) {
     json last = chunk_json(s, cr, json::array());
-    last["usage"] = usage_of(r);
+    last["usage"] = usage_of(r, cr.n);
     out += "data: " + last.dump() + "\n\n";
   }
   out += "data: [DONE]\n\n";

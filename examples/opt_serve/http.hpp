@@ -184,11 +184,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) {
       // the client left, went quiet past the deadline, or the server closed the connection: nothing to answer
       if (network_error(ec)) return close();
-      // a request Beast cannot parse
-      const std::string what = ec == http::error::header_limit ? "the request header is too large"
-                                                                : "malformed HTTP request: " + ec.message();
       keep_alive_ = false;
-      return write_reply(error_reply(bad_request(what)), true);
+      // a head beyond the 8 KiB limit: 431 Request Header Fields Too Large
+      if (ec == http::error::header_limit)
+        return write_reply(error_reply({431, "the request header is too large (at most 8192 bytes)",
+                                        "invalid_request_error", "", "request_header_fields_too_large"}),
+                           true);
+      // a request Beast cannot parse
+      return write_reply(error_reply(bad_request("malformed HTTP request: " + ec.message())), true);
     }
     arrived_ = Clock::now();
     auto& req = head_->get();
@@ -242,7 +245,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   bool authorized(const http::request<http::empty_body>& req) const {
-    if (s_.api_key.empty() || path_ == "/health") return true;
+    // the page at "/" holds no data: a browser loads it without a key, which the page then sends for its calls
+    if (s_.api_key.empty() || path_ == "/health" || path_ == "/") return true;
     auto it = req.find(http::field::authorization);
     if (it == req.end()) return false;
     const beast::string_view v = it->value();

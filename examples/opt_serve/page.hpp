@@ -1,5 +1,7 @@
 // The page opt-serve serves at "/": type a prompt, watch the answer stream from /v1/completions (server-sent
-// events read with fetch + a stream reader). Plain HTML + JS, no build step, no outside resources.
+// events read with fetch + a stream reader). Plain HTML + JS, no build step, no outside resources. The page itself
+// needs no API key; a server started with --api-key wants one for the calls the page makes: the "API key" field
+// (kept in the tab's sessionStorage) sends it as "Authorization: Bearer <key>".
 #pragma once
 
 namespace opt_serve {
@@ -36,6 +38,7 @@ inline constexpr const char* page_html = R"OPTPAGE(<!doctype html>
     <label>temperature <input id="temperature" type="number" min="0" max="2" step="any" value="0.7"></label>
     <label>top p <input id="top_p" type="number" min="0.01" max="1" step="any" value="0.9"></label>
     <label>stop <input id="stop" type="text" size="8" placeholder="(none)"></label>
+    <label>API key <input id="api_key" type="password" size="12" placeholder="(none)" autocomplete="off"></label>
     <button id="go" type="submit">Generate</button>
     <button id="cancel" type="button" disabled>Stop</button>
   </div>
@@ -47,10 +50,24 @@ inline constexpr const char* page_html = R"OPTPAGE(<!doctype html>
 const $ = (id) => document.getElementById(id);
 let controller = null;
 
-fetch("/v1/models").then((r) => r.json()).then((m) => {
-  const d = m.data && m.data[0];
-  if (d) $("model").textContent = d.id + " \u00b7 context " + d.max_model_len + " tokens";
-}).catch(() => {});
+// the key for a server started with --api-key (empty: none sent)
+function authHeaders() {
+  const key = $("api_key").value.trim();
+  return key ? { Authorization: "Bearer " + key } : {};
+}
+
+function loadModel() {
+  fetch("/v1/models", { headers: authHeaders() }).then((r) => r.json()).then((m) => {
+    const d = m.data && m.data[0];
+    if (d) $("model").textContent = d.id + " \u00b7 context " + d.max_model_len + " tokens";
+    else if (m.error) $("model").textContent = m.error.code === "invalid_api_key"
+        ? "this server needs an API key: type it in the API key field" : m.error.message;
+  }).catch(() => {});
+}
+$("api_key").value = sessionStorage.getItem("opt-serve-api-key") || "";
+$("api_key").addEventListener("input", () => sessionStorage.setItem("opt-serve-api-key", $("api_key").value.trim()));
+$("api_key").addEventListener("change", loadModel);
+loadModel();
 
 function setStatus(text, isError) {
   $("status").textContent = text;
@@ -82,7 +99,7 @@ async function generate(ev) {
   try {
     const res = await fetch("/v1/completions", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: { "Content-Type": "application/json", ...authHeaders() },
       body: JSON.stringify(body),
       signal: controller.signal,
     });

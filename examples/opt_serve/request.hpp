@@ -17,6 +17,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <opt/generate.hpp>
+#include <opt/logprobs.hpp>
 #include <opt/tokenizer.hpp>
 #include <string>
 #include <vector>
@@ -49,6 +50,13 @@ inline std::string error_body(const ApiError& e) {
 
 // ---- requests ---------------------------------------------------------------------------------------------------
 
+// A generated token's log-probabilities ("logprobs"), with the text it added and where that text starts.
+struct TokenLogprobs {
+  opt::PositionLogprobs lp;  // of the model's raw distribution (opt/logprobs.hpp)
+  std::string piece;         // the text this token added to the completion (may be empty)
+  size_t text_offset = 0;    // code points of the choice's text (echo included) before the piece
+};
+
 // One prompt of a request: what the scheduler runs, and what it hands back.
 struct Choice {
   // set by the HTTP thread before submission, then read-only
@@ -56,9 +64,15 @@ struct Choice {
   opt::SequenceOptions opts;
   std::vector<std::string> stop;
   bool speculative = true;  // "speculative": false opts out of the server's speculative decoding
+  int64_t logprobs = -1;    // "logprobs": N, the N likeliest tokens at each position (-1: no logprobs)
+  bool echo_logprobs = false;  // echo with logprobs: the prompt's log-probabilities too
+  size_t echo_chars = 0;       // code points of the echoed prompt text (the generated tokens' text_offset base)
   // the scheduler's alone
   std::unique_ptr<opt::TextStream> stream;
   // guarded by Request::m
+  std::vector<opt::PositionLogprobs> prompt_lp;  // echo_logprobs: prompt[i + 1] given the ones before (at admission)
+  std::vector<TokenLogprobs> lp;   // logprobs >= 0: one per generated token (their text is here, not in `out`)
+  size_t lp_sent = 0;              // entries of lp already streamed
   std::vector<std::string> out;    // pieces of text (one per token that completed some) not yet streamed
   std::string completion;          // the whole completion so far
   std::vector<int32_t> tokens;     // prompt + new ids, when done
@@ -96,6 +110,7 @@ struct Request {
 struct CompletionRequest {
   std::shared_ptr<Request> req;
   std::vector<std::string> echo;  // per choice: the prompt text to prepend (echo = true)
+  size_t n = 1;                   // choices per prompt: choice i is prompt i / n's
   bool stream = false, include_usage = false;
   std::string id;
   int64_t created = 0;
@@ -169,6 +184,14 @@ inline bool get_bool(const json& j, const char* key, bool def) {
   if (it == j.end() || it->is_null()) return def;
   if (!it->is_boolean()) throw bad_request(std::string("'") + key + "' must be true or false, got " + it->dump(), key);
   return it->get<bool>();
+}
+
+// Unicode code points in UTF-8 text (what Python's len() counts, the unit of OpenAI's text_offset): the bytes that
+// are not continuation bytes.
+inline size_t code_points(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char ch : s) n += (ch & 0xC0) != 0x80;
+  return n;
 }
 
 // ---- the parser -------------------------------------------------------------------------------------------------
@@ -250,25 +273,21 @@ class RequestParser {
   }
 
   // POST /v1/completions (OpenAI): prompt (string, list of strings, ids or lists of ids), max_tokens, temperature,
-  // top_p, top_k, repetition_penalty, stop, seed, echo, n = 1, stream, stream_options; and "speculative" (false: no
-  // speculative decoding for this request).
+  // top_p, top_k, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, stop, seed, echo, n,
+  // logprobs, stream, stream_options; and "speculative" (false: no speculative decoding for this request).
   CompletionRequest parse_completion(const std::string& body) const {
     const json j = parse_body(body);
     CompletionRequest cr;
     if (auto it = j.find("model"); it != j.end() && !it->is_string() && !it->is_null())
       throw bad_request("'model' must be a string", "model");
-    if (get_int(j, "n", 1, INT64_MIN, INT64_MAX) != 1)
-      throw bad_request("only n = 1 is supported; send the prompt several times (with different seeds) instead", "n");
+    // n choices per prompt, each its own sequence; every choice counts against --max-prompts
+    const size_t n = size_t(get_int(j, "n", 1, 1, int64_t(rules_.max_prompts)));
     if (get_int(j, "best_of", 1, INT64_MIN, INT64_MAX) != 1)
       throw bad_request("only best_of = 1 is supported", "best_of");
-    if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 0))
-      throw bad_request("logprobs are not supported", "logprobs");
+    // logprobs: N (0 .. 20), the N likeliest tokens at each position, as vLLM (OpenAI's legacy limit is 5)
+    const int64_t logprobs = get_int(j, "logprobs", -1, 0, kMaxLogprobs);
     if (auto it = j.find("suffix"); it != j.end() && !it->is_null())
       throw bad_request("suffix is not supported", "suffix");
-    for (const char* k : {"presence_penalty", "frequency_penalty"})
-      if (get_number(j, k, 0.0, -2.0, 2.0) != 0.0) throw bad_request(std::string(k) + " is not supported", k);
-    if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null() && !(it->is_object() && it->empty()))
-      throw bad_request("logit_bias is not supported", "logit_bias");
 
     cr.stream = get_bool(j, "stream", false);
     if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
@@ -287,6 +306,9 @@ class RequestParser {
     so.sampling.top_p = float(get_number(j, "top_p", 1.0, 0.0, 1.0, true));
     so.sampling.top_k = get_int(j, "top_k", 0, 0, rules_.vocab_size);
     so.sampling.repetition_penalty = float(get_number(j, "repetition_penalty", 1.0, 0.0, 100.0, true));
+    so.sampling.presence_penalty = float(get_number(j, "presence_penalty", 0.0, -2.0, 2.0));
+    so.sampling.frequency_penalty = float(get_number(j, "frequency_penalty", 0.0, -2.0, 2.0));
+    so.sampling.logit_bias = logit_bias(j);
     const bool has_seed = j.contains("seed") && !j["seed"].is_null();
     const int64_t seed = get_int(j, "seed", 0, INT64_MIN, INT64_MAX);
     try {
@@ -332,23 +354,33 @@ class RequestParser {
       throw bad_request("'prompt' has " + std::to_string(prompts.size()) + " prompts; at most " +
                             std::to_string(rules_.max_prompts) + " per request",
                         "prompt");
+    if (prompts.size() * n > rules_.max_prompts)
+      throw bad_request(std::to_string(prompts.size()) + " prompts with n = " + std::to_string(n) + " make " +
+                            std::to_string(prompts.size() * n) + " choices; at most " +
+                            std::to_string(rules_.max_prompts) + " per request",
+                        "n");
     const bool explicit_max = j.contains("max_tokens") && !j["max_tokens"].is_null();
     // the default (16, as OpenAI's) is capped by the server's limit; an explicit value is checked
     const int64_t max_tokens = get_int(j, "max_tokens", std::min<int64_t>(16, rules_.max_tokens_limit), 0,
                                        rules_.max_tokens_limit);
 
+    // choice i is prompt i / n's (OpenAI's order); n = 1: one choice per prompt
+    const size_t total = prompts.size() * n;
+    cr.n = n;
     cr.req = std::make_shared<Request>();
-    cr.req->choices.resize(prompts.size());
-    const uint64_t first = next_id_.fetch_add(prompts.size() + 1);
-    for (size_t i = 0; i < prompts.size(); ++i) {
+    cr.req->choices.resize(total);
+    const uint64_t first = next_id_.fetch_add(total + 1);
+    for (size_t i = 0; i < total; ++i) {
       Choice& c = cr.req->choices[i];
-      c.prompt = prompt_ids(prompts[i], "prompt");
+      c.prompt = i % n == 0 ? prompt_ids(prompts[i / n], "prompt") : cr.req->choices[i - 1].prompt;
       c.opts = so;
-      // each choice its own random stream: the seed, or a fresh one; a given seed gives the same text alone or
-      // in any batch
+      // each choice its own random stream: the seed + the choice's index, or a fresh one; a given seed gives the
+      // same text alone or in any batch
       c.opts.sampling.seed = has_seed ? uint64_t(seed) + i : seed_base_ + (first + i) * 0x9E3779B97F4A7C15ull;
       c.stop = stop;
       c.speculative = speculative;
+      c.logprobs = logprobs;
+      c.echo_logprobs = echo && logprobs >= 0;
       fit_context(c, max_tokens, explicit_max, "max_tokens");
       if (echo) {
         std::vector<int32_t> known;
@@ -357,18 +389,45 @@ class RequestParser {
         opt::DecodeOptions d;
         d.skip_special_tokens = true;
         d.clean_up_tokenization_spaces = false;
-        cr.echo.push_back(prompts[i].is_string() ? prompts[i].get<std::string>() : tok_.decode(known, d));
+        const json& p = prompts[i / n];
+        cr.echo.push_back(p.is_string() ? p.get<std::string>() : tok_.decode(known, d));
+        c.echo_chars = code_points(cr.echo.back());
       } else {
         cr.echo.emplace_back();
       }
     }
-    cr.id = "cmpl-" + std::to_string(seed_base_ % 1000000) + "-" + std::to_string(first + prompts.size());
+    cr.id = "cmpl-" + std::to_string(seed_base_ % 1000000) + "-" + std::to_string(first + total);
     cr.created =
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     return cr;
   }
 
  private:
+  static constexpr int64_t kMaxLogprobs = 20;
+
+  // "logit_bias": {"id": bias, ...}, ids in [0, vocab) as decimal strings, biases in [-100, 100] (OpenAI's).
+  std::vector<std::pair<int32_t, float>> logit_bias(const json& j) const {
+    std::vector<std::pair<int32_t, float>> out;
+    auto it = j.find("logit_bias");
+    if (it == j.end() || it->is_null()) return out;
+    if (!it->is_object())
+      throw bad_request("'logit_bias' must be an object of token ids to biases, got " + it->dump(), "logit_bias");
+    for (auto& [key, v] : it->items()) {
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      const int64_t id = digits ? std::stoll(key) : -1;
+      if (id < 0 || id >= rules_.vocab_size)
+        throw bad_request("'logit_bias': keys must be token ids in [0, " + std::to_string(rules_.vocab_size) +
+                              "), got " + json(key).dump(),
+                          "logit_bias");
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 || v.get<double>() > 100)
+        throw bad_request("'logit_bias': the bias of " + key + " must be a number in [-100, 100], got " + v.dump(),
+                          "logit_bias");
+      out.emplace_back(int32_t(id), float(v.get<double>()));
+    }
+    return out;
+  }
+
   // Prompt ids from a text or from ids given by the client.
   std::vector<int32_t> prompt_ids(const json& p, const char* param) const {
     std::vector<int32_t> ids;

@@ -11,12 +11,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <opt/batch.hpp>
 #include <opt/generate.hpp>
+#include <opt/logprobs.hpp>
 #include <opt/model.hpp>
 #include <opt/prefix_cache.hpp>
 #include <opt/speculative.hpp>
@@ -169,6 +171,7 @@ class Scheduler {
       opt::SequenceOptions so = c.opts;
       so.kv_cache = kv_cache_;
       if (c.speculative) so.speculation = spec_;
+      if (c.echo_logprobs) add_prompt_logprobs(*e.req, c);
       id = batch_.add(c.prompt, so);
     } catch (const std::exception& ex) {  // validated before; should not happen
       fail(e, ex.what());
@@ -181,6 +184,22 @@ class Scheduler {
     }
     active_.emplace(id, e);
     active_count_ = active_.size();
+  }
+
+  // echo with logprobs: the prompt's own log-probabilities, from a pass over the prompt of its own (the batch's
+  // prefill computes only the last position's logits); the n choices of a prompt share one pass.
+  void add_prompt_logprobs(Request& r, Choice& c) {
+    {
+      std::lock_guard<std::mutex> lk(r.m);
+      for (const Choice& o : r.choices)
+        if (&o != &c && !o.prompt_lp.empty() && o.logprobs == c.logprobs && o.prompt == c.prompt) {
+          c.prompt_lp = o.prompt_lp;
+          return;
+        }
+    }
+    auto lp = opt::prompt_logprobs(batch_.model(), c.prompt, c.logprobs, batch_.workspace(), kv_cache_);
+    std::lock_guard<std::mutex> lk(r.m);
+    c.prompt_lp = std::move(lp);
   }
 
   void drop_cancelled() {
@@ -203,6 +222,7 @@ class Scheduler {
     // each new token as the batch accepts it (a speculating sequence may get several in a step): to its stream;
     // false stops the sequence there (a stop string)
     std::vector<std::pair<opt::SeqId, std::string>> done;  // finished this step, with their finish reason
+    const int64_t vocab = batch_.model().config().vocab_size;
     auto on_token = [&](const opt::StepToken& st) {
       Entry& e = active_.at(st.seq);
       Choice& c = e.req->choices[e.choice];
@@ -216,15 +236,25 @@ class Scheduler {
         reason = "stop";
       }
       if (finished) piece += c.stream->finish();
+      TokenLogprobs tl;  // (logprobs: of the logits that chose the token, the model's raw distribution)
+      tl.lp.token = st.token;
+      tl.lp.logprob = std::numeric_limits<double>::quiet_NaN();  // (null; step() always gives the logits)
+      if (c.logprobs >= 0 && st.logits) tl.lp = opt::logprobs(st.logits, vocab, st.token, c.logprobs);
       {
         std::lock_guard<std::mutex> lk(e.req->m);
-        if (!piece.empty()) c.out.push_back(piece);
+        if (c.logprobs >= 0) {  // the piece goes with the token's logprobs, every token its own event
+          tl.text_offset = c.lp.empty() ? c.echo_chars : c.lp.back().text_offset + code_points(c.lp.back().piece);
+          tl.piece = piece;
+          c.lp.push_back(std::move(tl));
+        } else if (!piece.empty()) {
+          c.out.push_back(piece);
+        }
         c.completion += piece;
         if (c.completion_tokens == 0) c.first_token_at = std::chrono::steady_clock::now();
         ++c.completion_tokens;
       }
       if (finished) done.emplace_back(st.seq, reason);
-      else if (!piece.empty()) e.req->notify();
+      else if (!piece.empty() || c.logprobs >= 0) e.req->notify();
       return more;
     };
     try {

@@ -119,6 +119,7 @@ class Batch {
                         std::to_string(opts.max_new_tokens) + " = " + std::to_string(len + std::min(opts.max_new_tokens, c.max_position_embeddings)) +
                         (opts.max_new_tokens > c.max_position_embeddings ? "+" : "") +
                         " positions, beyond max_position_embeddings " + std::to_string(c.max_position_embeddings));
+    opts.sampling.validate(c.vocab_size);  // logit_bias ids inside the vocabulary
     if (!ops::attention_cache_type(opts.kv_cache))
       throw input_error(std::string("Batch::add: KV cache element type ") + to_string(opts.kv_cache) +
                         " (expected F32, F16 or BF16)");
@@ -134,7 +135,7 @@ class Batch {
     s.tokens.reserve(size_t(need));  // a step appends without allocating
     s.opts = opts;
     s.eos = opts.eos_token_id >= 0 ? opts.eos_token_id : c.eos_token_id;
-    s.sampler = Sampler(opts.sampling);
+    s.sampler = Sampler(opts.sampling, s.prompt_len);  // penalties count the ids after the prompt
     if (opts.speculation) s.spec = opts.speculation->start();
     if (opts.max_new_tokens == 0) {
       s.finished = true;

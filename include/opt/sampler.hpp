@@ -1,7 +1,9 @@
 // Choosing the next token from logits. Greedy (argmax) is the default and matches transformers bit for bit.
 // Sampling follows transformers' order and semantics: repetition penalty, then temperature, top-k, top-p, then a
-// draw from the softmax. The random stream is our own (std::mt19937_64): the same seed gives the same output
-// here, though not the same numbers as torch's generator.
+// draw from the softmax. OpenAI's logit_bias, presence_penalty and frequency_penalty, when set, come in vLLM's
+// order: the bias first, then the repetition penalty, then the presence and frequency penalties (over the generated
+// ids only), all before temperature; greedy applies them too. The random stream is our own (std::mt19937_64): the
+// same seed gives the same output here, though not the same numbers as torch's generator.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "opt/error.hpp"
@@ -35,6 +38,12 @@ struct SamplingOptions {
   float repetition_penalty = 1.0f;  // 1: off; applied to every id of the prompt and of the output so far
   uint64_t seed = 0;
   bool do_sample = false;           // false: greedy (repetition_penalty still applies, as in transformers)
+  // OpenAI's penalties, over the generated ids only (not the prompt): logit[j] -= presence_penalty * (count[j] > 0)
+  // + frequency_penalty * count[j], count[j] = how often j was generated so far. 0: off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // OpenAI's logit_bias: (id, bias) pairs added to the logits (an id listed twice gets both). Empty: off.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   void validate() const {
     if (!(temperature >= 0.0f) || !std::isfinite(temperature))
@@ -44,21 +53,50 @@ struct SamplingOptions {
       throw input_error("sampling: top_p = " + std::to_string(top_p) + ", expected 0 < top_p <= 1");
     if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
       throw input_error("sampling: repetition_penalty = " + std::to_string(repetition_penalty) + ", expected > 0");
+    if (!std::isfinite(presence_penalty))
+      throw input_error("sampling: presence_penalty = " + std::to_string(presence_penalty) +
+                        ", expected a finite value");
+    if (!std::isfinite(frequency_penalty))
+      throw input_error("sampling: frequency_penalty = " + std::to_string(frequency_penalty) +
+                        ", expected a finite value");
+    for (auto& [id, bias] : logit_bias) {
+      if (id < 0) throw input_error("sampling: logit_bias id " + std::to_string(id) + ", expected >= 0");
+      if (!std::isfinite(bias))
+        throw input_error("sampling: logit_bias[" + std::to_string(id) + "] = " + std::to_string(bias) +
+                          ", expected a finite value");
+    }
+  }
+  // validate(), and every logit_bias id inside a vocabulary of `vocab` ids.
+  void validate(int64_t vocab) const {
+    validate();
+    for (auto& [id, bias] : logit_bias)
+      if (id >= vocab)
+        throw input_error("sampling: logit_bias id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                          std::to_string(vocab) + ")");
   }
   bool greedy() const noexcept { return !do_sample || temperature <= 0.0f; }
+  // Whether anything changes the logits before temperature (repetition, presence, frequency penalty, logit_bias).
+  bool processes_logits() const noexcept {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f || !logit_bias.empty();
+  }
 };
 
 // One sequence's sampler: its options and its random stream.
 class Sampler {
  public:
   Sampler() = default;
-  explicit Sampler(const SamplingOptions& o) : o_(o), rng_(o.seed) { o.validate(); }
+  // `prompt_length`: how many ids of every history (below) are the prompt's; the ids after them are the generated
+  // ones, which the presence and frequency penalties count.
+  explicit Sampler(const SamplingOptions& o, size_t prompt_length = 0)
+      : o_(o), rng_(o.seed), prompt_length_(prompt_length) {
+    o.validate();
+  }
   const SamplingOptions& options() const noexcept { return o_; }
 
-  // Chooses the next token. `history` is every id so far (prompt + generated), for the repetition penalty.
+  // Chooses the next token. `history` is every id so far (prompt + generated), for the penalties.
   // `scratch` avoids allocation in steady state. logits are not modified.
   int32_t sample(const float* logits, int64_t n, const std::vector<int32_t>& history) {
-    if (o_.greedy() && o_.repetition_penalty == 1.0f) return argmax(logits, n);
+    if (o_.greedy() && !o_.processes_logits()) return argmax(logits, n);
     warp(logits, n, history);
     if (o_.greedy()) return argmax(buf_.data(), n);
     softmax_into(probs_);
@@ -96,10 +134,12 @@ class Sampler {
   }
 
  private:
-  // buf_ = the logits after the repetition penalty and (when sampling) temperature, top-k and top-p.
+  // buf_ = the logits after logit_bias, the penalties and (when sampling) temperature, top-k and top-p.
   void warp(const float* logits, int64_t n, const std::vector<int32_t>& history) {
     const bool penalize = o_.repetition_penalty != 1.0f;
     buf_.assign(logits, logits + n);
+    for (auto& [id, bias] : o_.logit_bias)
+      if (id >= 0 && id < n) buf_[size_t(id)] += bias;
     if (penalize) {
       // RepetitionPenaltyLogitsProcessor: score < 0 ? score * p : score / p, once per distinct id
       if (seen_.size() < size_t(n)) seen_.assign(size_t(n), 0);
@@ -112,6 +152,19 @@ class Sampler {
       }
       for (int32_t id : history)
         if (id >= 0 && id < n) seen_[size_t(id)] = 0;
+    }
+    if (o_.presence_penalty != 0.0f || o_.frequency_penalty != 0.0f) {
+      // OpenAI: logit -= presence * (count > 0) + frequency * count, over the generated ids
+      if (counts_.size() < size_t(n)) counts_.assign(size_t(n), 0);
+      const size_t from = std::min(prompt_length_, history.size());
+      for (size_t i = from; i < history.size(); ++i)
+        if (history[i] >= 0 && history[i] < n) ++counts_[size_t(history[i])];
+      for (size_t i = from; i < history.size(); ++i) {
+        const int32_t id = history[i];
+        if (id < 0 || id >= n || counts_[size_t(id)] == 0) continue;  // done already
+        buf_[size_t(id)] -= o_.presence_penalty + o_.frequency_penalty * float(counts_[size_t(id)]);
+        counts_[size_t(id)] = 0;
+      }
     }
     if (o_.greedy()) return;
     const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -168,6 +221,8 @@ class Sampler {
   std::vector<double> probs_;
   std::vector<int32_t> idx_;
   std::vector<uint8_t> seen_;
+  size_t prompt_length_ = 0;
+  std::vector<uint32_t> counts_;  // the presence and frequency penalties' counts (zero between calls)
 };
 
 OPT_NAMESPACE_END

@@ -29,7 +29,9 @@ inline std::string check_serve_request(const opt_serve::RequestParser& p, const 
       for (const std::string& s : c.stop)
         if (s.empty() || s.size() > 256) return "a stop string outside 1..256 bytes";
       if (!c.opts.stop_at_eos) return "stop_at_eos off";
-      c.opts.sampling.validate();  // throws opt::input_error: reported below
+      if (c.logprobs < -1 || c.logprobs > 20) return "logprobs outside -1..20";
+      if (c.echo_logprobs && c.logprobs < 0) return "echo logprobs without logprobs";
+      c.opts.sampling.validate(rules.vocab_size);  // throws opt::input_error (a logit_bias id too): reported below
     }
     return "";
   };

@@ -88,6 +88,16 @@ test("huge bodies: 413 with a JSON error; a chunked body (no Content-Length) 411
   // 8192 in Debian's libcpp-httplib, gives a 400, through opt-serve's error handler)
   const h = await rawExchange(`GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${"y".repeat(20000)}\r\n\r\n`, []);
   assert.ok(h.status >= 400 && h.status < 500, `huge header: ${h.raw.slice(0, 200) || "(no answer)"}`);
+  // ... and that 4xx is 431 Request Header Fields Too Large (Beast's 8 KiB head limit), in the OpenAI error shape,
+  // for one header line too long and for many short ones
+  assertApiError(h, 431);
+  assert.equal(h.json.error.code, "request_header_fields_too_large");
+  const many = Array.from({ length: 400 }, (_, i) => `X-H${i}: ${"z".repeat(30)}\r\n`).join("");
+  assertApiError(await rawExchange(`GET /health HTTP/1.1\r\nHost: x\r\n${many}\r\n`, []), 431);
+  // just under the limit is fine
+  const fits = await rawExchange(
+    `GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${"y".repeat(7000)}\r\nConnection: close\r\n\r\n`, []);
+  assert.equal(fits.status, 200, fits.raw.slice(0, 200));
   await stillGood();
 });
 
@@ -106,11 +116,13 @@ test("/v1/completions: absurd or invalid parameters are 400 with the parameter n
     [{ prompt: P1, top_p: 1.5 }, "top_p"],
     [{ prompt: P1, top_k: -3 }, "top_k"],
     [{ prompt: P1, repetition_penalty: 0 }, "repetition_penalty"],
-    [{ prompt: P1, n: 2 }, "n"],
+    [{ prompt: P1, n: 0 }, "n"],
+    [{ prompt: [P1, P1], n: 5 }, "n"],  // 10 choices > --max-prompts 8
     [{ prompt: P1, n: -1 }, "n"],
     [{ prompt: P1, best_of: 3 }, "best_of"],
-    [{ prompt: P1, logprobs: 5 }, "logprobs"],
-    [{ prompt: P1, presence_penalty: 1 }, "presence_penalty"],
+    [{ prompt: P1, logprobs: 21 }, "logprobs"],
+    [{ prompt: P1, presence_penalty: 3 }, "presence_penalty"],
+    [{ prompt: P1, logit_bias: { 50272: 1 } }, "logit_bias"],
     [{ prompt: P1, frequency_penalty: 5 }, "frequency_penalty"],
     [{ prompt: P1, stop: ["a", "b", "c", "d", "e"] }, "stop"],
     [{ prompt: P1, stop: [1] }, "stop"],

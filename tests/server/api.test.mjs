@@ -1,11 +1,12 @@
 // POST /tokenize and /detokenize against the fixture tokenizer; --api-key / --api-key-file (401 in the OpenAI
-// error format, /health open); GET /metrics parses as Prometheus text and its counters move.
+// error format, /health and the page open); GET /metrics parses as Prometheus text (our own reader, and
+// parse-prometheus-text-format from npm) and its counters move.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { startServer, postJson, getJson, assertApiError, streamCompletion, goldens } from "./lib.mjs";
+import { startServer, postJson, getJson, assertApiError, streamCompletion, goldens, CI } from "./lib.mjs";
 
 const G = goldens();
 const P1 = "Hello, my dog is cute", P2 = "The capital of France is";
@@ -69,7 +70,7 @@ for (const how of ["--api-key", "--api-key-file"]) {
       const gen = { prompt: P1, max_tokens: 8, temperature: 0 };
       for (const key of [undefined, "wrong", "s3cret-ke", "s3cret-key2"]) {
         for (const [p, body] of [["/v1/completions", gen], ["/generate", { prompts: [P1] }], ["/v1/models"],
-                                 ["/metrics"], ["/tokenize", { prompt: P1 }], ["/"]]) {
+                                 ["/metrics"], ["/tokenize", { prompt: P1 }], ["/detokenize", { tokens: [2] }]]) {
           const r = await call(p, key, body);
           const text = await r.text();
           assertApiError({ status: r.status, text, json: JSON.parse(text) }, 401);
@@ -77,6 +78,10 @@ for (const how of ["--api-key", "--api-key-file"]) {
         }
       }
       assert.equal((await call("/health")).status, 200);
+      // the page holds no data: a browser loads it without a key (its API key field sends the key for its calls)
+      const page = await call("/");
+      assert.equal(page.status, 200);
+      assert.match(await page.text(), /id="api_key"/);
       const ok = await call("/v1/completions", "s3cret-key", gen);
       assert.equal(ok.status, 200);
       assert.equal((await ok.json()).choices[0].text, G.get(P1).decoded_new);
@@ -172,6 +177,61 @@ test("GET /metrics: Prometheus text whose counters move with the traffic", async
     // /health agrees
     const h = (await getJson(`${srv.url}/health`)).json;
     assert.equal(h.generated_tokens, b.samples.get("opt_serve_generated_tokens_total"));
+  } finally {
+    assert.equal((await srv.stop()).code, 0, srv.stderr());
+  }
+});
+
+// The same page read by a Prometheus text parser from npm (parse-prometheus-text-format, a port of the Prometheus
+// Python client's parser): every family well-formed, typed, with the samples the traffic implies.
+const HAVE_PROM = existsSync(new URL("./node_modules/parse-prometheus-text-format/package.json", import.meta.url));
+const skipProm = !HAVE_PROM && !CI ? "npm ci --prefix tests/server has not been run" : false;
+
+test("GET /metrics: parsed by parse-prometheus-text-format", { skip: skipProm }, async () => {
+  assert.ok(HAVE_PROM, "node_modules/parse-prometheus-text-format is missing: npm ci --prefix tests/server");
+  const { default: parseProm } = await import("parse-prometheus-text-format");
+  const srv = await startServer(["--lookup", "2"]);  // the speculative counters too
+  try {
+    const r = await postJson(`${srv.url}/v1/completions`, { prompt: [P1, P2], max_tokens: 8, temperature: 0, n: 2 });
+    assert.equal(r.status, 200, r.text);
+    assertApiError(await postJson(`${srv.url}/v1/completions`, { prompt: P1, logprobs: 99 }), 400, "logprobs");
+    const families = parseProm(await (await fetch(`${srv.url}/metrics`)).text());
+    const byName = new Map(families.map((f) => [f.name, f]));
+    assert.equal(byName.size, families.length, "each family once");
+    for (const f of families) {
+      assert.ok(["COUNTER", "GAUGE", "HISTOGRAM"].includes(f.type), `${f.name}: ${f.type}`);
+      assert.ok(f.help.length > 0, `${f.name} has HELP`);
+      assert.ok(f.metrics.length > 0, `${f.name} has samples`);
+      if (f.type === "COUNTER") assert.match(f.name, /_total$/);
+    }
+    const value = (name, labels = {}) => {
+      const f = byName.get(name);
+      assert.ok(f, `no ${name}`);
+      const m = f.metrics.find((s) => Object.entries(labels).every(([k, v]) => s.labels?.[k] === v));
+      assert.ok(m, `${name} ${JSON.stringify(labels)}`);
+      return Number(m.value);
+    };
+    assert.equal(value("opt_serve_requests_total", { endpoint: "/v1/completions", outcome: "ok" }), 1);
+    assert.equal(value("opt_serve_requests_total", { endpoint: "/v1/completions", outcome: "invalid" }), 1);
+    assert.equal(value("opt_serve_generated_tokens_total"), 4 * 8);  // n = 2 for each of 2 prompts
+    assert.equal(value("opt_serve_sequences_completed_total"), 4);
+    assert.equal(value("opt_serve_running_sequences"), 0);
+    assert.ok(value("opt_serve_draft_tokens_proposed_total") >= value("opt_serve_draft_tokens_accepted_total"));
+    for (const h of ["opt_serve_step_seconds", "opt_serve_time_to_first_token_seconds",
+                     "opt_serve_request_latency_seconds"]) {
+      const f = byName.get(h);
+      assert.equal(f.type, "HISTOGRAM", h);
+      const { buckets, count, sum } = f.metrics[0];
+      // (a JS object lists integer-like keys first: order the bounds by value, +Inf last)
+      const les = Object.keys(buckets).sort((x, y) => Number(x) - Number(y));
+      assert.ok(les.length >= 5, `${h} buckets`);
+      assert.equal(les.at(-1), "+Inf");
+      const counts = les.map((le) => Number(buckets[le]));
+      for (let i = 1; i < counts.length; i++) assert.ok(counts[i] >= counts[i - 1], `${h} cumulative`);
+      assert.equal(counts.at(-1), Number(count));
+      assert.ok(Number(sum) > 0, `${h} sum`);
+    }
+    assert.equal(Number(byName.get("opt_serve_time_to_first_token_seconds").metrics[0].count), 4);
   } finally {
     assert.equal((await srv.stop()).code, 0, srv.stderr());
   }

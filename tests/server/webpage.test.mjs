@@ -90,3 +90,49 @@ test("the Stop button ends the stream and frees the server's slot", { skip, time
   }, 5000, "the server to drop the stopped stream");
   await page.close();
 });
+
+test("with --api-key the page loads, and its API key field sends the key", { skip, timeout: 120000 }, async () => {
+  const keyed = await startServer(["--api-key", "page-s3cret"]);
+  const page = await browser.newPage();
+  try {
+    const auth = [];
+    page.on("request", (r) => {
+      const p = new URL(r.url()).pathname;
+      if (p.startsWith("/v1/")) auth.push(r.allHeaders().then((h) => [p, h.authorization ?? null]));
+    });
+    await page.goto(keyed.url + "/", { timeout: 20000 });
+    // without the key the page says what is missing, and a generation is refused with the server's message
+    await page.waitForFunction(() => document.getElementById("model").textContent.includes("needs an API key"),
+                               null, { timeout: 10000 });
+    await page.fill("#prompt", P1);
+    await page.fill("#max_tokens", "8");
+    await page.fill("#temperature", "0");
+    await page.click("#go");
+    await page.waitForSelector('#out[data-state="error"]', { timeout: 10000 });
+    assert.match(await page.textContent("#status"), /invalid or missing API key/);
+    // with it: the model line, then the golden answer
+    const before = auth.length;
+    await page.fill("#api_key", "page-s3cret");
+    await page.dispatchEvent("#api_key", "change");
+    await page.waitForFunction(() => document.getElementById("model").textContent.includes("opt-tiny-realvocab"),
+                               null, { timeout: 10000 });
+    await page.click("#go");
+    await page.waitForSelector('#out[data-state="done"]', { timeout: 30000 });
+    assert.equal(await page.textContent("#answer"), G.get(P1).decoded_new);
+    // every call before the key was typed went without one, every call after it with it (the field's change
+    // reloads the model line: once when the test fires it, once more when the click leaves the field)
+    const calls = await Promise.all(auth);
+    const without = calls.slice(0, before), withKey = calls.slice(before);
+    assert.deepEqual(without, [["/v1/models", null], ["/v1/completions", null]]);
+    assert.ok(withKey.every(([, a]) => a === "Bearer page-s3cret"), JSON.stringify(withKey));
+    assert.deepEqual([...new Set(withKey.map(([p]) => p))].sort(), ["/v1/completions", "/v1/models"]);
+    assert.equal(withKey.at(-1)[0], "/v1/completions");
+    // the key stays for the tab (sessionStorage): a reload uses it at once
+    await page.reload();
+    await page.waitForFunction(() => document.getElementById("model").textContent.includes("opt-tiny-realvocab"),
+                               null, { timeout: 10000 });
+  } finally {
+    await page.close();
+    assert.equal((await keyed.stop()).code, 0, keyed.stderr());
+  }
+});
