@@ -56,7 +56,10 @@ const port = await new Promise((resolve, reject) => {
     const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
     if (m) { clearTimeout(t); resolve(Number(m[1])); }
   });
-  exited.then(({ code, signal }) => { clearTimeout(t); reject(new Error(`opt-serve exited (${code ?? signal}):\n${stderr}`)); });
+  exited.then(({ code, signal }) => {
+    clearTimeout(t);
+    reject(new Error(`opt-serve exited (${code ?? signal}):\n${stderr}`));
+  });
 });
 const url = `http://127.0.0.1:${port}`;
 const rssKb = () => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${proc.pid}/status`, "utf8"))[1]);
@@ -66,7 +69,8 @@ const topics = ["the sea", "a long train journey", "bread", "the moon landing", 
                 "the first computers", "bees in winter", "an old lighthouse", "rain in the city"];
 const specs = [];
 for (let i = 0; i < 30; i++) {
-  const prompt = `Story ${i}: a few words about ${topics[i % 10]}${i >= 10 ? ", told slowly" : ""}${i >= 20 ? " by a child" : ""}`;
+  const prompt = `Story ${i}: a few words about ${topics[i % 10]}` +
+                 `${i >= 10 ? ", told slowly" : ""}${i >= 20 ? " by a child" : ""}`;
   const max_tokens = 4 + ((i * 11) % 40);
   const sampling = i % 3 === 2 ? { temperature: 0.8, top_p: 0.9, seed: 7 + i } : { temperature: 0 };
   specs.push({ prompt, max_tokens, sampling });
@@ -152,7 +156,10 @@ async function client() {
 }
 function check(i, kind, text) {
   if (text === want[i][kind]) stats.ok++;
-  else { stats.wrong++; note(`wrong ${kind} answer for spec ${i}: ${JSON.stringify(text)} != ${JSON.stringify(want[i][kind])}`); }
+  else {
+    stats.wrong++;
+    note(`wrong ${kind} answer for spec ${i}: ${JSON.stringify(text)} != ${JSON.stringify(want[i][kind])}`);
+  }
 }
 
 // A slow connection: a head (or a head and then a body) one byte every 250 ms, opened again when the server closes it.
@@ -190,8 +197,9 @@ async function sample() {
               queued: h.queued, completed: h.completed, cancelled: h.cancelled, kv_cache_bytes: h.kv_cache_bytes,
               ok: stats.ok, errors: stats.errors + stats.wrong };
   samples.push(r);
-  console.log(`soak t=${String(r.t_s).padStart(4)}s rss=${r.rss_mb.toFixed(1)} MB active=${r.active} queued=${r.queued} ` +
-              `completed=${r.completed} cancelled=${r.cancelled} kv=${r.kv_cache_bytes} ok=${r.ok} errors=${r.errors}`);
+  console.log(`soak t=${String(r.t_s).padStart(4)}s rss=${r.rss_mb.toFixed(1)} MB active=${r.active} ` +
+              `queued=${r.queued} completed=${r.completed} cancelled=${r.cancelled} kv=${r.kv_cache_bytes} ` +
+              `ok=${r.ok} errors=${r.errors}`);
 }
 
 let crashed = false;

@@ -12,7 +12,8 @@ export const CONF = path.resolve(import.meta.dirname, "../../deploy/nginx/opt-se
 // The nginx program: OPT_NGINX, else `nginx` on the PATH or in the usual sbin folders; null when there is none.
 export function findNginx() {
   const dirs = [...(process.env.PATH ?? "").split(":"), "/usr/sbin", "/usr/local/sbin", "/usr/local/nginx/sbin"];
-  const candidates = process.env.OPT_NGINX ? [process.env.OPT_NGINX] : dirs.filter((d) => d).map((d) => path.join(d, "nginx"));
+  const candidates = process.env.OPT_NGINX ? [process.env.OPT_NGINX]
+                                           : dirs.filter((d) => d).map((d) => path.join(d, "nginx"));
   for (const c of candidates) {
     try {
       accessSync(c, constants.X_OK);
@@ -61,7 +62,8 @@ export async function startNginx(nginx, front, replicas) {
   mkdirSync(path.join(prefix, "temp"));
   const conf = path.join(prefix, "opt-serve.conf");
   writeFileSync(conf, rewriteConf(readFileSync(CONF, "utf8"), front, replicas));
-  const proc = spawn(nginx, ["-p", prefix + "/", "-c", conf, "-g", "daemon off;"], { stdio: ["ignore", "pipe", "pipe"] });
+  const proc = spawn(nginx, ["-p", prefix + "/", "-c", conf, "-g", "daemon off;"],
+                     { stdio: ["ignore", "pipe", "pipe"] });
   let stderr = "";
   proc.stderr.on("data", (d) => { stderr += d; });
   proc.stdout.on("data", () => {});

@@ -60,7 +60,8 @@ async function run(url, job) {
   try {
     const isGen = job.kind === "generate";
     const body = isGen ? { prompts: [job.prompt], max_new_tokens: job.max_tokens }
-                       : { prompt: job.prompt, max_tokens: job.max_tokens, temperature: 0, stream: job.kind === "stream" };
+                       : { prompt: job.prompt, max_tokens: job.max_tokens, temperature: 0,
+                           stream: job.kind === "stream" };
     const res = await fetch(url + (isGen ? "/generate" : "/v1/completions"), {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
       signal: AbortSignal.timeout(60000),
@@ -190,6 +191,6 @@ test("SIGKILL to a replica halfway: only its running streams fail, and only cut 
               `${failed.length} streams failed; ${results.length - failed.length} of ${results.length} correct`);
   assert.ok(onVictim.length > 0, "the killed replica had no work: the test proves nothing");
   // the survivors still serve
-  await until(async () => (await postJson(`${ngx.url}/generate`, { prompts: ["Hello"], max_new_tokens: 2 })).status === 200,
-              5000, "an answer through nginx after the kill");
+  const hello = () => postJson(`${ngx.url}/generate`, { prompts: ["Hello"], max_new_tokens: 2 });
+  await until(async () => (await hello()).status === 200, 5000, "an answer through nginx after the kill");
 });
