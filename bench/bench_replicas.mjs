@@ -159,8 +159,8 @@ for (const r of results) {
   r.max = Math.max(...t);
 }
 const base = (threads) => results.find((r) => !r.nginx && r.threads * r.replicas === threads);
-console.log(`\nbench_replicas: ${path.basename(modelDir)} (${modelDir}), ${clients} clients, ${requests} streaming requests of ` +
-            `${maxTokens} tokens per run, ${a.reps} runs per row, answers checked`);
+console.log(`\nbench_replicas: ${path.basename(modelDir)} (${modelDir}), ${clients} clients, ${requests} streaming ` +
+            `requests of ${maxTokens} tokens per run, ${a.reps} runs per row, answers checked`);
 console.log("| setup | threads | tokens/s (mean) | range | vs direct, same threads |");
 console.log("|---|---|---|---|---|");
 for (const r of results) {
