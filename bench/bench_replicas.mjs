@@ -14,7 +14,7 @@
 // are checked before they count). The rows run --reps times, interleaved; the table gives each row's mean and range.
 //
 //   node bench/bench_replicas.mjs [--build build] [--model DIR] [--tokenizer DIR] [--cores 2] [--clients 12]
-//                                 [--requests 96] [--max-tokens 32] [--reps 3] [--json out.json]
+//                                 [--requests 96] [--max-tokens 32] [--reps 3] [--rows 1,2,...] [--json out.json]
 //
 // The model defaults to the random opt-125m checkpoint bench_serve.mjs uses (written once with opt-make-random).
 // Only 127.0.0.1 is contacted; the servers and nginx are started and stopped by the script.
@@ -36,6 +36,7 @@ const { values: a } = parseArgs({
     requests: { type: "string", default: "96" },
     "max-tokens": { type: "string", default: "32" },
     reps: { type: "string", default: "3" },
+    rows: { type: "string" },
     json: { type: "string" },
   },
 });
@@ -110,6 +111,10 @@ const rows = [
   { name: "nginx  3x1", replicas: 3, threads: 1, nginx: true },
 ];
 if (!Number.isInteger(cores / 2)) rows.splice(2, 1);
+if (a.rows) {  // --rows 1,3: only those rows (1-based, in the order above)
+  const keep = new Set(a.rows.split(",").map(Number));
+  rows.splice(0, rows.length, ...rows.filter((_, i) => keep.has(i + 1)));
+}
 
 const reference = new Map();
 async function measure(row) {
@@ -136,8 +141,8 @@ async function measure(row) {
     if (ngx) await ngx.stop();
     for (const r of reps) r.proc.kill("SIGTERM");
     for (const r of reps) {
-      const { code } = await r.exited;
-      if (code !== 0) throw new Error(`${row.name}: a replica exited ${code} on SIGTERM:\n${r.stderr()}`);
+      const { code, signal } = await r.exited;
+      if (code !== 0) throw new Error(`${row.name}: a replica exited ${code ?? signal} on SIGTERM:\n${r.stderr()}`);
     }
   }
 }

@@ -458,6 +458,9 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = false;
     stream_.expires_never();
     if (ec) return client_gone();
+    // the client closed its end while this write was completing (the watch saw it first): the session let go of
+    // the request and is closing
+    if (!req_) return;
     if (!stream_over_) return pump();
     // the stream is over
     std::string outcome = "ok";
