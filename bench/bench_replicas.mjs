@@ -11,7 +11,9 @@
 // (`--cores C` makes the two-thread rows C threads.) Every replica runs with --drain-timeout 30, as the README's
 // "Scaling out" says. Each row: --requests greedy streaming /v1/completions (--max-tokens each, prompts from a
 // fixed set of 16) from --clients clients at once; each answer must equal the first row's for that prompt (answers
-// are checked before they count). The rows run --reps times, interleaved; the table gives each row's mean and range.
+// are checked before they count). The rows run --reps times, interleaved; the table gives each row's mean and range,
+// and the CPU time the replicas and nginx used in the timed part (/proc; on a shared machine tokens/s moves with the
+// neighbours' load, while nginx's CPU time against the replicas' is the cost of nginx itself).
 //
 //   node bench/bench_replicas.mjs [--build build] [--model DIR] [--tokenizer DIR] [--cores 2] [--clients 12]
 //                                 [--requests 96] [--max-tokens 32] [--reps 3] [--rows 1,2,...] [--json out.json]
@@ -19,7 +21,7 @@
 // The model defaults to the random opt-125m checkpoint bench_serve.mjs uses (written once with opt-make-random).
 // Only 127.0.0.1 is contacted; the servers and nginx are started and stopped by the script.
 import { spawn, execFileSync } from "node:child_process";
-import { existsSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { findNginx, freePort, startNginx } from "../tests/server/nginx_lib.mjs";
@@ -116,6 +118,25 @@ if (a.rows) {  // --rows 1,3: only those rows (1-based, in the order above)
   rows.splice(0, rows.length, ...rows.filter((_, i) => keep.has(i + 1)));
 }
 
+// CPU seconds (user + system) a process and its children have used so far (/proc/PID/stat; nginx: the master and
+// its workers).
+const tick = 100;  // USER_HZ on Linux
+function cpuSeconds(pid) {
+  const stat = (p) => {
+    try {
+      const f = readFileSync(`/proc/${p}/stat`, "utf8");
+      return f.slice(f.lastIndexOf(")") + 2).split(" ");  // from the state field on
+    } catch { return null; }
+  };
+  let total = 0;
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    const f = stat(d);
+    if (f && (Number(d) === pid || Number(f[1]) === pid)) total += (Number(f[11]) + Number(f[12])) / tick;
+  }
+  return total;
+}
+
 const reference = new Map();
 async function measure(row) {
   const reps = await Promise.all(Array.from({ length: row.replicas }, () => startReplica(row.threads)));
@@ -125,6 +146,9 @@ async function measure(row) {
     for (const r of reps) await complete(r.url, "warm up");  // pages in each replica's weights
     const url = ngx ? ngx.url : reps[0].url;
     let next = 0, tokens = 0;
+    const cpu = () => ({ replicas: reps.reduce((t, r) => t + cpuSeconds(r.proc.pid), 0),
+                         nginx: ngx ? cpuSeconds(ngx.proc.pid) : 0 });
+    const cpu0 = cpu();
     const t0 = performance.now();
     await Promise.all(Array.from({ length: clients }, async () => {
       for (let i = next++; i < requests; i = next++) {
@@ -136,7 +160,9 @@ async function measure(row) {
       }
     }));
     const secs = (performance.now() - t0) / 1000;
-    return { tokens, seconds: secs, tokens_per_s: tokens / secs };
+    const cpu1 = cpu();
+    return { tokens, seconds: secs, tokens_per_s: tokens / secs, replica_cpu_s: cpu1.replicas - cpu0.replicas,
+             nginx_cpu_s: cpu1.nginx - cpu0.nginx };
   } finally {
     if (ngx) await ngx.stop();
     for (const r of reps) r.proc.kill("SIGTERM");
@@ -153,7 +179,8 @@ for (let rep = 0; rep < Number(a.reps); rep++)
     const m = await measure(r);
     r.runs.push(m);
     console.log(`bench_replicas rep ${rep + 1} ${r.name}: ${m.tokens_per_s.toFixed(1)} tok/s ` +
-                `(${m.tokens} tokens in ${m.seconds.toFixed(1)} s)`);
+                `(${m.tokens} tokens in ${m.seconds.toFixed(1)} s; CPU: replicas ${m.replica_cpu_s.toFixed(1)} s, ` +
+                `nginx ${m.nginx_cpu_s.toFixed(2)} s)`);
   }
 
 const mean = (xs) => xs.reduce((s, x) => s + x, 0) / xs.length;
@@ -162,17 +189,21 @@ for (const r of results) {
   r.mean = mean(t);
   r.min = Math.min(...t);
   r.max = Math.max(...t);
+  r.nginx_cpu_share = mean(r.runs.map((m) => m.nginx_cpu_s / m.replica_cpu_s));
+  r.replica_cpu_ms_per_token = mean(r.runs.map((m) => 1000 * m.replica_cpu_s / m.tokens));
 }
 const base = (threads) => results.find((r) => !r.nginx && r.threads * r.replicas === threads);
 console.log(`\nbench_replicas: ${path.basename(modelDir)} (${modelDir}), ${clients} clients, ${requests} streaming ` +
             `requests of ${maxTokens} tokens per run, ${a.reps} runs per row, answers checked`);
-console.log("| setup | threads | tokens/s (mean) | range | vs direct, same threads |");
-console.log("|---|---|---|---|---|");
+console.log("| setup | threads | tokens/s (mean) | range | vs direct, same threads | replica CPU ms/token | " +
+            "nginx CPU / replica CPU |");
+console.log("|---|---|---|---|---|---|---|");
 for (const r of results) {
   const b = base(r.threads * r.replicas);
   const rel = b && b !== r ? `${(100 * (r.mean / b.mean - 1)).toFixed(1)}%` : "-";
   console.log(`| ${r.name.replace(/ +/, " ")} | ${r.threads * r.replicas} | ${r.mean.toFixed(1)} | ` +
-              `${r.min.toFixed(1)}..${r.max.toFixed(1)} | ${rel} |`);
+              `${r.min.toFixed(1)}..${r.max.toFixed(1)} | ${rel} | ${r.replica_cpu_ms_per_token.toFixed(1)} | ` +
+              `${r.nginx ? (100 * r.nginx_cpu_share).toFixed(2) + "%" : "-"} |`);
 }
 if (a.json) writeFileSync(a.json, JSON.stringify({ model: modelDir, clients, requests, max_tokens: maxTokens, results },
                                                  null, 2));
