@@ -71,16 +71,19 @@ Reply guarded(F&& f) {
 
 // Runs a request: queue it, or throw 429 when the queue is full.
 inline std::shared_ptr<Request> submit(Server& s, std::shared_ptr<Request> r) {
-  if (s.sched->stopping()) throw ApiError{503, "the server is shutting down", "server_error", "", "shutting_down"};
+  const ApiError shutting_down{503, "the server is shutting down", "server_error", "", "shutting_down"};
+  if (s.sched->stopping() || s.sched->draining()) throw shutting_down;
   if (r->choices.size() > s.o.max_batch + s.o.max_queue)
     throw bad_request("the request has " + std::to_string(r->choices.size()) + " prompts; this server holds at most " +
                           std::to_string(s.o.max_batch + s.o.max_queue) + " sequences (--max-batch + --max-queue)",
                       "prompt");
-  if (!s.sched->submit(r))
+  if (!s.sched->submit(r)) {
+    if (s.sched->draining()) throw shutting_down;  // the drain began after the check above
     throw ApiError{429,
                    "the server is busy: " + std::to_string(s.o.max_queue) +
                        " sequences are already waiting; retry later",
                    "rate_limit_error", "", "queue_full"};
+  }
   uint64_t n = 0;
   for (const Choice& c : r->choices) n += c.prompt.size();
   s.metrics.count_prompt_tokens(n);
@@ -300,12 +303,19 @@ inline Reply models_reply(const Server& s) {
 
 inline Reply health_reply(const Server& s) {
   json h = s.sched->stats();
-  h["status"] = s.sched->stopping() ? "stopping" : "ok";
+  // draining: not ready (503), so that a load balancer sends new work elsewhere while the running work ends
+  const bool draining = s.sched->draining() && !s.sched->stopping();
+  h["status"] = s.sched->stopping() ? "stopping" : draining ? "draining" : "ok";
   h["model"] = s.o.model_name;
   h["context"] = s.context();
   if (json sp = s.sched->speculation_stats(); !sp.is_null()) h["speculative"] = sp;
   if (json pc = s.sched->prefix_cache_stats(); !pc.is_null()) h["prefix_cache"] = pc;
-  return json_reply(h);
+  Reply r = json_reply(h);
+  if (draining) {
+    r.status = 503;
+    r.headers.emplace_back("Retry-After", "1");
+  }
+  return r;
 }
 
 // GET /metrics: the Prometheus text format.

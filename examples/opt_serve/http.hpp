@@ -98,8 +98,13 @@ class HttpServer {
   // After the I/O threads ended: every session lets go of its request (a request's hook holds its session).
   void abandon_all();
 
+  // Draining (SIGTERM with --drain-timeout): every answer from now on closes its connection, so that a proxy's
+  // next request opens a new one (to a replica that is not going away, when the proxy balances).
+  void begin_drain() { draining_ = true; }
+
   Server& server() { return server_; }
   bool stopping() const { return stopping_; }
+  bool closing() const { return stopping_ || draining_; }  // no more keep-alive
   const std::shared_ptr<Sessions>& sessions() const { return sessions_; }
 
  private:
@@ -109,7 +114,7 @@ class HttpServer {
   net::io_context& ioc_;
   tcp::acceptor acceptor_;
   net::steady_timer retry_;  // after an accept error (no file descriptors left): try again a little later
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false}, draining_{false};
   std::shared_ptr<Sessions> sessions_ = std::make_shared<Sessions>();
 };
 
@@ -425,7 +430,7 @@ class Session : public std::enable_shared_from_this<Session> {
     sres_->set(http::field::content_type, "text/event-stream");
     sres_->set(http::field::cache_control, "no-cache");
     sres_->set("X-Accel-Buffering", "no");
-    sres_->keep_alive(keep_alive_ && !h_.stopping());
+    sres_->keep_alive(keep_alive_ && !h_.closing());
     sres_->chunked(true);
     sser_.emplace(*sres_);
     sst_ = StreamState{};
@@ -457,6 +462,9 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = false;
     stream_.expires_never();
     if (ec) return client_gone();
+    // the client closed its end while this write was completing (the watch saw it first): the session let go of
+    // the request and is closing
+    if (!req_) return;
     if (!stream_over_) return pump();
     // the stream is over
     std::string outcome = "ok";
@@ -473,7 +481,7 @@ class Session : public std::enable_shared_from_this<Session> {
     sser_.reset();
     sres_.reset();
     stream_over_ = false;
-    if (keep && !h_.stopping()) return read_head();
+    if (keep && !h_.closing()) return read_head();
     shutdown_and_close(false);
   }
 
@@ -488,7 +496,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!r.content_type.empty()) res_->set(http::field::content_type, r.content_type);
     for (auto& [k, v] : r.headers) res_->set(k, v);
     res_->body() = std::move(r.body);
-    res_->keep_alive(keep_alive_ && !drain && !h_.stopping());
+    res_->keep_alive(keep_alive_ && !drain && !h_.closing());
     res_->prepare_payload();
     if (head_only_) res_->body().clear();  // Content-Length stays the GET answer's
     head_only_ = false;

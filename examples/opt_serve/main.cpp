@@ -4,7 +4,7 @@
 //             [--max-queue 64] [--max-body-bytes 1048576] [--max-tokens-limit N] [--max-prompts 32]
 //             [--kv-cache f32|f16|bf16] [--max-connections 4096] [--head-timeout 10] [--body-timeout 30]
 //             [--timeout 30] [--api-key KEY | --api-key-file FILE] [--cache-bytes 268435456]
-//             [--cache-block-tokens 16]
+//             [--cache-block-tokens 16] [--drain-timeout S]
 //             [--lookup N | --draft-self int8|int4 | --draft DIR] [--draft-tokens K]
 //
 // Endpoints
@@ -35,16 +35,29 @@
 // without the flag; a seeded sampling answer is the same on every run and in any batch, drawn from the same
 // distribution as without the flag but with draws of its own (opt out to get the plain sampler's draws).
 // /health then adds "speculative": {"drafter", "proposed", "accepted", "passes"}; /metrics the same counters.
+//
+// Stopping (SIGTERM or SIGINT, taken by an Asio signal_set). Without --drain-timeout (or with 0) the server stops
+// at once: requests running or waiting end with the error "server shutting down" (a stream as its last event, then
+// [DONE]) and the process exits 0. With --drain-timeout S > 0 it drains first, as a replica behind a load balancer
+// should (deploy/nginx/): new work (/generate, /v1/completions) gets 503 "the server is shutting down" and
+// GET /health 503 {"status": "draining"}; every answer closes its connection; what is running and waiting runs to
+// its end; then the server stops and exits 0. If the drain is not over after S seconds, or a second signal
+// comes, the requests still running or waiting end with "server shutting down" and the process exits 1, so that
+// a supervisor can tell a drain that lost work from one that did not.
 #include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <boost/asio/signal_set.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -122,6 +135,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(size_t(1), size_t(1) << 20));
   auto* key_opt = app.add_option("--api-key", api_key, "every endpoint but /health needs 'Authorization: Bearer KEY'");
   app.add_option("--api-key-file", api_key_file, "the API key: the first line of this file")->excludes(key_opt);
+  app.add_option("--drain-timeout", o.drain_timeout_s,
+                 "on SIGTERM/SIGINT, refuse new work (503) and finish what runs and waits for up to this long, "
+                 "seconds; past it the rest fails and the exit status is 1 (0: stop at once)")
+      ->capture_default_str()->check(CLI::Range(0, 86400));
   app.add_option("--step-delay-ms", o.step_delay_ms, "sleep after each step (tests and demos)")
       ->capture_default_str()->check(CLI::Range(0, 10000));
   app.add_option("--kv-cache", o.kv_cache, "KV cache elements: f32 (exact), f16 or bf16 (half the memory)")
@@ -135,7 +152,8 @@ int main(int argc, char** argv) {
   add_speculation_options(app, o.spec);
   CLI11_PARSE(app, argc, argv);
 
-  // SIGINT/SIGTERM are taken by one thread with sigwait; every other thread blocks them. SIGPIPE: a client that
+  // SIGINT/SIGTERM are taken by an Asio signal_set on the main thread: every other thread (created while they are
+  // blocked here) blocks them, so no compute or I/O thread sees a system call interrupted. SIGPIPE: a client that
   // went away makes writes fail instead of killing the process.
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -191,13 +209,51 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "opt-serve: %s\n", e.what());
     return 1;
   }
+  // The signals: the first starts the stop (a drain first with --drain-timeout), a second one cuts a drain short.
+  net::signal_set signals(ioc, SIGINT, SIGTERM);
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  int signals_seen = 0, first_signal = 0;
+  bool io_over = false;
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      {
+        std::lock_guard<std::mutex> lk(stop_mu);
+        if (signals_seen++ == 0) first_signal = sig;
+      }
+      stop_cv.notify_all();
+      wait_signal();
+    });
+  };
+  wait_signal();
   srv.sched->start();
   http.start();
 
-  std::thread signals([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    std::fprintf(stderr, "opt-serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  int exit_code = 0;
+  std::thread stopper([&] {
+    std::unique_lock<std::mutex> lk(stop_mu);
+    stop_cv.wait(lk, [&] { return signals_seen > 0 || io_over; });
+    if (signals_seen == 0) return;  // the I/O threads ended on their own
+    const char* name = first_signal == SIGINT ? "SIGINT" : "SIGTERM";
+    if (o.drain_timeout_s > 0) {
+      std::fprintf(stderr, "opt-serve: %s, draining (at most %d s), then shutting down\n", name, o.drain_timeout_s);
+      http.begin_drain();  // every answer closes its connection
+      srv.sched->begin_drain();  // new work gets 503; what runs and waits goes on
+      const auto deadline = Clock::now() + std::chrono::seconds(o.drain_timeout_s);
+      while (srv.sched->outstanding() > 0 && signals_seen < 2 && Clock::now() < deadline)
+        stop_cv.wait_for(lk, std::chrono::milliseconds(20));
+      if (const size_t left = srv.sched->outstanding(); left > 0) {
+        std::fprintf(stderr, "opt-serve: drain cut short (%s): %zu sequences still running or waiting end with an "
+                     "error\n", signals_seen >= 2 ? "a second signal" : "--drain-timeout", left);
+        exit_code = 1;
+      } else {
+        std::fprintf(stderr, "opt-serve: drained\n");
+      }
+    } else {
+      std::fprintf(stderr, "opt-serve: %s, shutting down\n", name);
+    }
+    lk.unlock();
     http.begin_shutdown();  // no new connections; idle ones close
     srv.sched->shutdown();  // running and waiting requests end with an error; streams close after it
     // the sessions write those last answers; whatever is still open after 3 s is dropped
@@ -211,14 +267,17 @@ int main(int argc, char** argv) {
   const size_t io_threads = o.http_threads ? o.http_threads : 2;
   std::vector<std::thread> pool;
   for (size_t i = 1; i < io_threads; ++i) pool.emplace_back([&ioc] { ioc.run(); });
+  pthread_sigmask(SIG_UNBLOCK, &sigs, nullptr);  // every thread exists: the signals come to this one
   ioc.run();
   for (auto& t : pool) t.join();
   http.abandon_all();  // what is left (past the 3 s) is dropped with the io_context
-  // run() can also end without a signal (nothing left to do): let the signal thread finish
-  if (!srv.sched->stopping()) {
-    pthread_kill(signals.native_handle(), SIGTERM);
+  {
+    std::lock_guard<std::mutex> lk(stop_mu);
+    io_over = true;
   }
-  signals.join();
+  stop_cv.notify_all();
+  stopper.join();
+  if (!srv.sched->stopping()) srv.sched->shutdown();
   std::fprintf(stderr, "opt-serve: stopped\n");
-  return 0;
+  return exit_code;
 }

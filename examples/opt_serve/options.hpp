@@ -18,6 +18,7 @@ struct ServerOptions {
   int head_timeout_s = 10;  // reading a request's head; also how long an idle keep-alive connection stays
   int body_timeout_s = 30;  // reading a request's body
   size_t max_connections = 4096;  // open connections; beyond: 503 and close
+  int drain_timeout_s = 0;  // SIGTERM/SIGINT: finish running and queued requests for at most this long (0: no drain)
   int step_delay_ms = 0;  // testing and demos: sleep after each step so streams can be watched
   std::string kv_cache = "f32";  // every sequence's KV cache element type (--kv-cache)
   size_t cache_bytes = size_t(256) << 20;  // the prefix cache's budget (--cache-bytes; 0: no prefix cache)

@@ -67,13 +67,27 @@ class Scheduler {
     if (thread_.joinable()) thread_.join();
   }
 
-  // Queues every choice of a request; false when the queue has no room for all of them (nothing is queued).
+  // Draining (SIGTERM with --drain-timeout): no new request is queued; those running and waiting go on.
+  void begin_drain() {
+    std::lock_guard<std::mutex> lk(mu_);
+    draining_ = true;
+  }
+  bool draining() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return draining_;
+  }
+  // Choices queued or running: submitted and not yet finished (0: a drain is over).
+  size_t outstanding() const { return outstanding_.load(); }
+
+  // Queues every choice of a request; false when the queue has no room for all of them, or the server is
+  // stopping or draining (nothing is queued).
   bool submit(const std::shared_ptr<Request>& r) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (stopping_) return false;
+      if (stopping_ || draining_) return false;
       if (pending_.size() + r->choices.size() > opts_.max_queue + free_slots_locked()) return false;
       r->remaining = r->choices.size();
+      outstanding_ += r->choices.size();
       for (size_t i = 0; i < r->choices.size(); ++i) {
         r->choices[i].stream = std::make_unique<opt::TextStream>(tok_, r->choices[i].stop, dopts_);
         pending_.push_back({r, i});
@@ -295,6 +309,7 @@ class Scheduler {
       --e.req->remaining;
     }
     if (reason != "cancelled") ++completed_;
+    --outstanding_;
     e.req->notify();
   }
 
@@ -320,11 +335,11 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> pending_;
-  bool stopping_ = false;
+  bool stopping_ = false, draining_ = false;
   std::thread thread_;
 
   std::atomic<size_t> active_count_{0}, queued_{0}, completed_{0}, cancelled_{0}, steps_{0}, generated_{0},
-      cache_bytes_{0}, proposed_{0}, accepted_{0}, passes_{0};
+      cache_bytes_{0}, proposed_{0}, accepted_{0}, passes_{0}, outstanding_{0};
   Histogram step_seconds_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
 };
 

@@ -35,11 +35,11 @@ export function requireServe() {
 // speculative decoding on (tests/CMakeLists.txt).
 export const EXTRA_ARGS = (process.env.OPT_SERVE_ARGS ?? "").split(" ").filter((a) => a !== "");
 
-// Starts opt-serve on 127.0.0.1 with --port 0 and reads the port it prints.
-export async function startServer(args = [], { model = MODEL, tokenizer = TOKENIZER } = {}) {
+// Starts opt-serve on 127.0.0.1 with --port `port` (0: a free one) and reads the port it prints.
+export async function startServer(args = [], { model = MODEL, tokenizer = TOKENIZER, port: want = 0 } = {}) {
   requireServe();
-  const proc = spawn(SERVE, ["-m", model, "-t", tokenizer, "--host", "127.0.0.1", "--port", "0", ...EXTRA_ARGS,
-                             ...args],
+  const proc = spawn(SERVE, ["-m", model, "-t", tokenizer, "--host", "127.0.0.1", "--port", String(want),
+                             ...EXTRA_ARGS, ...args],
                      { stdio: ["ignore", "pipe", "pipe"] });
   let stderr = "";
   proc.stderr.on("data", (d) => { stderr += d; });
