@@ -51,6 +51,75 @@ inline LoadOptions stage_options(LoadOptions base, int64_t n_layers, int ranks, 
   return base;
 }
 
+// The wire format of a pass's header (int64 values): kind, chunk count, then per chunk its key (the KvCache's
+// address on rank 0), the cache size before the pass, new tokens, cache capacity, cache element type.
+namespace wire {
+constexpr int64_t kStop = 0, kPass = 1;
+constexpr int64_t kFixed = 2, kPerChunk = 5;
+}  // namespace wire
+
+// The header of a pass over `chunks` (rank 0's caches).
+inline void encode_pass(const std::vector<SequenceChunk>& chunks, std::vector<int64_t>& header) {
+  header.assign({wire::kPass, int64_t(chunks.size())});
+  for (const SequenceChunk& ch : chunks)
+    header.insert(header.end(), {int64_t(reinterpret_cast<uintptr_t>(ch.cache)), ch.cache->size(), ch.n,
+                                 ch.cache->capacity(), int64_t(ch.cache->type())});
+}
+
+// A stage's KV caches, one per sequence, kept in step with rank 0's from the pass headers: a chunk whose cache is
+// empty on rank 0 starts a new one, a smaller size rolls the stage's back (rejected speculative tokens), and the
+// caches of sequences absent from a pass are dropped (so every live sequence must take part in every pass, as in
+// opt::Batch).
+class StageCaches {
+ public:
+  // The chunks of the pass `header` (a kPass header of `len` values) over this stage's caches; `who` names the
+  // stage in messages. Throws format_error for a malformed header, input_error for a sequence it cannot follow.
+  const std::vector<SequenceChunk>& begin_pass(const Config& c, const int64_t* header, int64_t len,
+                                               const std::string& who) {
+    if (len < wire::kFixed || header[0] != wire::kPass || header[1] < 0 ||
+        len != wire::kFixed + wire::kPerChunk * header[1])
+      throw format_error(who + ": a pass header of " + std::to_string(len) + " values (expected " +
+                         std::to_string(wire::kFixed) + " + " + std::to_string(wire::kPerChunk) + " per chunk)");
+    std::map<int64_t, KvCache> live;
+    for (int64_t i = 0; i < header[1]; ++i) {
+      const int64_t* p = header + wire::kFixed + wire::kPerChunk * i;
+      const int64_t key = p[0], size = p[1], n = p[2], capacity = p[3];
+      const dtype type = dtype(p[4]);
+      if (n <= 0 || size < 0 || live.count(key))
+        throw format_error(who + ": chunk " + std::to_string(i) + " of a pass header: " + std::to_string(n) +
+                           " tokens at position " + std::to_string(size) + (live.count(key) ? ", a repeated key" : ""));
+      auto it = caches_.find(key);
+      if (size == 0) {  // a new sequence (or a key reused by one): a fresh cache
+        live.emplace(key, KvCache(c, capacity, type));
+        continue;
+      }
+      if (it == caches_.end() || it->second.size() < size || it->second.capacity() != capacity ||
+          it->second.type() != type)
+        throw input_error(who + ": no cache for a sequence at position " + std::to_string(size) +
+                          " (every live sequence takes part in every pass)");
+      it->second.truncate(size);  // a rollback on rank 0 (speculative decoding), or nothing
+      live.emplace(key, std::move(it->second));
+    }
+    caches_ = std::move(live);  // the sequences absent from this pass are gone
+    chunks_.clear();
+    for (int64_t i = 0; i < header[1]; ++i) {
+      const int64_t* p = header + wire::kFixed + wire::kPerChunk * i;
+      chunks_.push_back({&caches_.at(p[0]), nullptr, p[2]});
+    }
+    return chunks_;
+  }
+  size_t sequences() const noexcept { return caches_.size(); }
+  size_t bytes() const noexcept {
+    size_t b = 0;
+    for (const auto& [k, cache] : caches_) b += cache.bytes();
+    return b;
+  }
+
+ private:
+  std::map<int64_t, KvCache> caches_;
+  std::vector<SequenceChunk> chunks_;
+};
+
 }  // namespace pipeline
 
 OPT_NAMESPACE_END
@@ -64,8 +133,6 @@ namespace pipeline {
 
 namespace detail {
 constexpr int kHeaderTag = 1, kHiddenTag = 2;
-constexpr int64_t kStop = 0, kPass = 1;
-constexpr int64_t kHeaderFixed = 2, kPerChunk = 5;
 
 inline void check(int rc, const char* what, int peer) {
   if (rc == MPI_SUCCESS) return;
@@ -149,10 +216,7 @@ class Head : public RemoteLayers {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) throw input_error("pipeline::Head: a pass after finish()");
     if (dim != hidden_) throw input_error("pipeline::Head: hidden width " + std::to_string(dim));
-    header_.assign({detail::kPass, int64_t(chunks.size())});
-    for (const SequenceChunk& ch : chunks)
-      header_.insert(header_.end(), {int64_t(reinterpret_cast<uintptr_t>(ch.cache)), ch.cache->size(), ch.n,
-                                     ch.cache->capacity(), int64_t(ch.cache->type())});
+    encode_pass(chunks, header_);
     const int count = int(rows * dim);
     detail::check(MPI_Send(header_.data(), int(header_.size()), MPI_INT64_T, 1, detail::kHeaderTag, comm_),
                   "MPI_Send of a header to", 1);
@@ -171,8 +235,8 @@ class Head : public RemoteLayers {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     finished_ = true;
-    const int64_t stop[detail::kHeaderFixed] = {detail::kStop, 0};
-    detail::check(MPI_Send(stop, int(detail::kHeaderFixed), MPI_INT64_T, 1, detail::kHeaderTag, comm_),
+    const int64_t stop[wire::kFixed] = {wire::kStop, 0};
+    detail::check(MPI_Send(stop, int(wire::kFixed), MPI_INT64_T, 1, detail::kHeaderTag, comm_),
                   "MPI_Send of the stop to", 1);
   }
 
@@ -194,8 +258,8 @@ class Head : public RemoteLayers {
 
 // Rank 0's way to stop the stages when it cannot make a Head (its handshake failed): sends them the stop.
 inline void stop_stages(MPI_Comm comm) {
-  const int64_t stop[detail::kHeaderFixed] = {detail::kStop, 0};
-  detail::check(MPI_Send(stop, int(detail::kHeaderFixed), MPI_INT64_T, 1, detail::kHeaderTag, comm),
+  const int64_t stop[wire::kFixed] = {wire::kStop, 0};
+  detail::check(MPI_Send(stop, int(wire::kFixed), MPI_INT64_T, 1, detail::kHeaderTag, comm),
                 "MPI_Send of the stop to", 1);
 }
 
@@ -232,47 +296,22 @@ class Stage {
     header_.resize(size_t(std::max(len, 0)));
     detail::check(MPI_Recv(header_.data(), len, MPI_INT64_T, prev, detail::kHeaderTag, comm_, MPI_STATUS_IGNORE),
                   "MPI_Recv of a header from", prev);
-    if (len < detail::kHeaderFixed ||
-        (header_[0] == detail::kPass && len != detail::kHeaderFixed + detail::kPerChunk * header_[1]))
-      throw format_error("pipeline: rank " + std::to_string(rank_) + " got a header of " + std::to_string(len) +
-                         " values from rank " + std::to_string(prev));
-    if (header_[0] == detail::kStop) {
+    if (len >= wire::kFixed && header_[0] == wire::kStop) {
       if (next != 0)
         detail::check(MPI_Send(header_.data(), len, MPI_INT64_T, next, detail::kHeaderTag, comm_),
                       "MPI_Send of the stop to", next);
       return false;
     }
     const Config& c = model_->config();
-    chunks_.clear();
-    std::map<int64_t, KvCache> live;
+    const std::vector<SequenceChunk>& chunks = caches_.begin_pass(c, header_.data(), len,
+                                                                  "pipeline: rank " + std::to_string(rank_));
     int64_t rows = 0;
-    for (int64_t i = 0; i < header_[1]; ++i) {
-      const int64_t* p = header_.data() + detail::kHeaderFixed + detail::kPerChunk * i;
-      const int64_t key = p[0], size = p[1], n = p[2], capacity = p[3];
-      const dtype type = dtype(p[4]);
-      auto it = caches_.find(key);
-      if (size == 0) {  // a new sequence (or a reused key): a fresh cache
-        live[key] = KvCache(c, capacity, type);
-      } else {
-        if (it == caches_.end() || it->second.size() < size || it->second.capacity() != capacity ||
-            it->second.type() != type)
-          throw input_error("pipeline: rank " + std::to_string(rank_) + " has no cache for a sequence at position " +
-                            std::to_string(size) + " (every live sequence takes part in every pass)");
-        live[key] = std::move(it->second);
-        live[key].truncate(size);  // a rollback (speculative decoding) on rank 0
-      }
-      rows += n;
-    }
-    caches_ = std::move(live);  // the sequences absent from this pass are gone
-    for (int64_t i = 0; i < header_[1]; ++i) {
-      const int64_t* p = header_.data() + detail::kHeaderFixed + detail::kPerChunk * i;
-      chunks_.push_back({&caches_.at(p[0]), nullptr, p[2]});
-    }
+    for (const SequenceChunk& ch : chunks) rows += ch.n;
     hidden_.resize(size_t(rows * c.hidden_size));
     const int count = int(hidden_.size());
     detail::check(MPI_Recv(hidden_.data(), count, MPI_FLOAT, prev, detail::kHiddenTag, comm_, MPI_STATUS_IGNORE),
                   "MPI_Recv of hidden states from", prev);
-    if (!chunks_.empty()) model_->forward_layers(chunks_, hidden_.data(), *ws_);
+    if (!chunks.empty()) model_->forward_layers(chunks, hidden_.data(), *ws_);
     if (next != 0)
       detail::check(MPI_Send(header_.data(), len, MPI_INT64_T, next, detail::kHeaderTag, comm_),
                     "MPI_Send of a header to", next);
@@ -283,7 +322,7 @@ class Stage {
   }
 
   int64_t passes() const noexcept { return passes_; }
-  size_t sequences() const noexcept { return caches_.size(); }  // caches held
+  size_t sequences() const noexcept { return caches_.sequences(); }  // caches held
 
  private:
   const Model* model_;
@@ -291,8 +330,7 @@ class Stage {
   int rank_ = 0, ranks_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<int64_t> header_;
-  std::map<int64_t, KvCache> caches_;
-  std::vector<SequenceChunk> chunks_;
+  StageCaches caches_;
   ops::aligned_vector<float> hidden_;
   int64_t passes_ = 0;
 };
