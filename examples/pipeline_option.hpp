@@ -76,8 +76,7 @@ class PipelineRun {
     part_ = model.part_string();
     try {
       head_ = std::make_shared<opt::pipeline::Head>(model, MPI_COMM_WORLD);
-    } catch (const opt::config_error&) {  // the parts do not fit: the handshake is done, the stages wait for a pass
-      opt::pipeline::stop_stages(MPI_COMM_WORLD);
+    } catch (const opt::config_error&) {  // the parts do not fit: the Head told the stages to stop
       stopped_ = true;
       throw;
     }

@@ -174,6 +174,11 @@ inline void handshake(const Model& m, MPI_Comm comm, int rank, int ranks) {
                          (r + 1 == ranks ? " ending at " + std::to_string(c.num_hidden_layers) : std::string()));
   }
 }
+// Rank 0 tells rank 1 (which tells the next) that there are no more passes.
+inline void send_stop(MPI_Comm comm) {
+  const int64_t stop[wire::kFixed] = {wire::kStop, 0};
+  check(MPI_Send(stop, int(wire::kFixed), MPI_INT64_T, 1, kHeaderTag, comm), "MPI_Send of the stop to", 1);
+}
 }  // namespace detail
 
 // Bytes the pipeline moved: every boundary (0 -> 1, ..., last -> 0) carries each pass's hidden states, and the
@@ -191,7 +196,7 @@ struct Traffic {
 class Head : public RemoteLayers {
  public:
   // Collective with every other rank's Stage constructor (same comm): checks that the ranks' parts fit together
-  // (a config_error on rank 0 naming the rank otherwise; call stop_stages then). comm must have >= 2 ranks.
+  // (otherwise the stages are told to stop and a config_error names the rank). comm must have >= 2 ranks.
   Head(const Model& model, MPI_Comm comm) : hidden_(model.config().hidden_size) {
     MPI_Comm_rank(comm, &rank_);
     MPI_Comm_size(comm, &ranks_);
@@ -199,7 +204,13 @@ class Head : public RemoteLayers {
       throw input_error("pipeline::Head: rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) +
                         " (the head is rank 0 of at least 2)");
     comm_ = detail::duplicate(comm);
-    detail::handshake(model, comm_, rank_, ranks_);
+    try {
+      detail::handshake(model, comm_, rank_, ranks_);
+    } catch (const config_error&) {  // the stages passed the handshake and wait for a pass: stop them
+      detail::send_stop(comm_);
+      MPI_Comm_free(&comm_);
+      throw;
+    }
     traffic_.boundaries = ranks_;
   }
   Head(const Head&) = delete;
@@ -235,9 +246,7 @@ class Head : public RemoteLayers {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     finished_ = true;
-    const int64_t stop[wire::kFixed] = {wire::kStop, 0};
-    detail::check(MPI_Send(stop, int(wire::kFixed), MPI_INT64_T, 1, detail::kHeaderTag, comm_),
-                  "MPI_Send of the stop to", 1);
+    detail::send_stop(comm_);
   }
 
   Traffic traffic() const {
@@ -255,13 +264,6 @@ class Head : public RemoteLayers {
   std::vector<int64_t> header_;
   Traffic traffic_;
 };
-
-// Rank 0's way to stop the stages when it cannot make a Head (its handshake failed): sends them the stop.
-inline void stop_stages(MPI_Comm comm) {
-  const int64_t stop[wire::kFixed] = {wire::kStop, 0};
-  detail::check(MPI_Send(stop, int(wire::kFixed), MPI_INT64_T, 1, detail::kHeaderTag, comm),
-                "MPI_Send of the stop to", 1);
-}
 
 // A rank > 0: runs its layers for every pass rank 0 sends, with its own KV caches.
 class Stage {
