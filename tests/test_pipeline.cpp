@@ -34,8 +34,8 @@ class LocalStages : public opt::RemoteLayers {
     opt::pipeline::encode_pass(chunks, header_);
     ++passes;
     for (size_t s = 0; s < stages_.size(); ++s) {
-      const auto& ch = caches_[s].begin_pass(stages_[s].config(), header_.data(), int64_t(header_.size()),
-                                             "stage " + std::to_string(s + 1));
+      const auto& ch = caches_[s].begin_pass(stages_[s].config(), stages_[s].layers(), header_.data(),
+                                             int64_t(header_.size()), "stage " + std::to_string(s + 1));
       REQUIRE(int64_t(ch.size()) == int64_t(chunks.size()));
       std::vector<float> wire(hidden, hidden + rows * dim);  // what crosses a boundary: the exact bits
       stages_[s].forward_layers(ch, wire.data(), ws_);
@@ -132,6 +132,20 @@ TEST_CASE("a stage binds only its tensors; a part cannot run a whole pass") {
   opt::Workspace ws(1);
   opt_test::check_throws<opt::input_error>([&] { (void)m.forward({{&kv, ids, 2}}, ws); },
                                            {"forward", "layers [1, 2) of 3", "remote"});
+  // a stage's cache holds its layers; a whole model's cache covers them too, one of other layers does not
+  opt::KvCache mine(m.config(), 8, opt::dtype::F32, m.layers());
+  CHECK(mine.bytes() * 3 == kv.bytes());
+  CHECK(mine.first_layer() == 1);
+  std::vector<float> hidden(2 * size_t(m.config().hidden_size), 0.5f), again = hidden;
+  m.forward_layers({{&mine, nullptr, 2}}, hidden.data(), ws);
+  m.forward_layers({{&kv, nullptr, 2}}, again.data(), ws);
+  CHECK(hidden == again);
+  CHECK(mine.size() == 2);
+  opt::KvCache other(m.config(), 8, opt::dtype::F32, {2, 3});
+  opt_test::check_throws<opt::input_error>([&] { m.forward_layers({{&other, nullptr, 2}}, hidden.data(), ws); },
+                                           {"forward_layers", "KvCache of layers [2, 3)", "layers [1, 2) of 3"});
+  opt_test::check_throws<opt::input_error>([&] { (void)opt::KvCache(m.config(), 8, opt::dtype::F32, {1, 4}); },
+                                           {"KvCache: layers [1, 4) of a model of 3"});
   opt::Model copy = m;
   opt_test::check_throws<opt::input_error>([&] { copy.set_remote_layers(std::make_shared<LocalStages>(dir, 1)); },
                                            {"set_remote_layers", "layers [1, 2) of 3"});
@@ -155,7 +169,8 @@ TEST_CASE("forward through 1-4 chained stages: the whole model's logits, bit for
       // a prefill of every prompt in one pass (all logits), then two decode passes
       std::vector<opt::KvCache> ka, kb;
       for (auto& pr : prompts) ka.emplace_back(whole.config(), int64_t(pr.size()) + 4);
-      kb = ka;
+      for (auto& pr : prompts)  // rank 0's caches hold its layers only
+        kb.emplace_back(whole.config(), int64_t(pr.size()) + 4, opt::dtype::F32, p.head.layers());
       std::vector<opt::SequenceChunk> ca, cb;
       for (size_t i = 0; i < prompts.size(); ++i) {
         ca.push_back({&ka[i], prompts[i].data(), int64_t(prompts[i].size()), true});

@@ -34,6 +34,9 @@
 // without the flag; a seeded sampling answer is the same on every run and in any batch, drawn from the same
 // distribution as without the flag but with draws of its own (opt out to get the plain sampler's draws).
 // /health then adds "speculative": {"drafter", "proposed", "accepted", "passes"}; /metrics the same counters.
+//
+// Built with -DOPT_MPI=ON, `mpirun -np N opt-serve ...` (the same flags) splits the decoder layers over N ranks
+// (opt/pipeline.hpp): rank 0 serves HTTP and runs the batch, the other ranks only compute their layers of each step.
 #include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
@@ -51,6 +54,7 @@
 #include <vector>
 
 #include "../kv_cache_option.hpp"
+#include "../pipeline_option.hpp"
 #include "../speculation_option.hpp"
 #include "api.hpp"
 #include "http.hpp"
@@ -87,6 +91,8 @@ std::string read_key_file(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  PipelineRun pipe(argc, argv, "opt-serve");
+  PipelineFlags pf;
   ServerOptions o;
   std::string api_key, api_key_file;
   CLI::App app{"Serve an OPT model over HTTP: /generate, OpenAI /v1/completions (with streaming), a web page",
@@ -126,7 +132,24 @@ int main(int argc, char** argv) {
   app.add_option("--kv-cache", o.kv_cache, "KV cache elements: f32 (exact), f16 or bf16 (half the memory)")
       ->capture_default_str()->check(kv_cache_validator());
   add_speculation_options(app, o.spec);
+  add_pipeline_options(app, pf);
   CLI11_PARSE(app, argc, argv);
+
+  if (pipe.rank() > 0) {  // a pipeline stage: its layers of every step, until rank 0 stops
+    sigset_t stop;  // mpirun passes SIGINT/SIGTERM to every rank: rank 0 shuts down, then tells this one
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    try {
+      const opt::Model part = opt::Model::load(o.model_dir, pipe.load_options({}, o.model_dir));
+      const int rc = pipe.serve(part, o.threads, pf);
+      if (pf.peak_rss) pipe.print_peak_rss(&part);
+      return rc;
+    } catch (const std::exception& e) {
+      return pipe.fail(e.what());
+    }
+  }
 
   // SIGINT/SIGTERM are taken by one thread with sigwait; every other thread blocks them. SIGPIPE: a client that
   // went away makes writes fail instead of killing the process.
@@ -153,7 +176,9 @@ int main(int argc, char** argv) {
     if (o.model_name.empty()) o.model_name = fs::path(o.model_dir).lexically_normal().filename().string();
     if (o.model_name.empty()) o.model_name = fs::path(o.model_dir).lexically_normal().parent_path().filename().string();
     auto t0 = Clock::now();
-    s = std::make_unique<Server>(o, opt::Model::load(o.model_dir), opt::Tokenizer::from_dir(tdir));
+    opt::Model model = opt::Model::load(o.model_dir, pipe.load_options({}, o.model_dir));
+    pipe.attach(model);  // under mpirun: the other ranks run the layers beyond this one's
+    s = std::make_unique<Server>(o, std::move(model), opt::Tokenizer::from_dir(tdir));
     s->api_key = api_key;
     RequestRules rules;
     rules.context = s->context();
@@ -169,6 +194,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "opt-serve: speculative decoding: %s, K<=%lld\n", drafter_name.c_str(),
                    (long long)o.spec.draft_tokens);
   } catch (const std::exception& e) {
+    if (pipe.pipelined()) return pipe.fail(e.what());
     std::fprintf(stderr, "opt-serve: %s\n", e.what());
     return 1;
   }
@@ -181,6 +207,7 @@ int main(int argc, char** argv) {
   try {
     port = http.listen(o.host, o.port);
   } catch (const std::exception& e) {
+    if (pipe.pipelined()) return pipe.fail(e.what());
     std::fprintf(stderr, "opt-serve: %s\n", e.what());
     return 1;
   }
@@ -212,6 +239,8 @@ int main(int argc, char** argv) {
     pthread_kill(signals.native_handle(), SIGTERM);
   }
   signals.join();
+  pipe.finish();  // (the scheduler has stopped: no pass is running)
+  if (pf.peak_rss) pipe.print_peak_rss(&srv.model);
   std::fprintf(stderr, "opt-serve: stopped\n");
   return 0;
 }

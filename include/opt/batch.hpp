@@ -133,7 +133,7 @@ class Batch {
       s.finished = true;
       s.reason = FinishReason::length;
     } else {
-      s.cache = std::make_unique<KvCache>(c, need, opts.kv_cache);
+      s.cache = std::make_unique<KvCache>(c, need, opts.kv_cache, model_->layers());  // (a stage's: its layers)
     }
     const SeqId id = next_id_++;
     seqs_.emplace(id, std::move(s));

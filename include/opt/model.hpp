@@ -143,6 +143,13 @@ inline const char* kv_cache_type_name(dtype t) noexcept {
   return t == dtype::F32 ? "f32" : t == dtype::F16 ? "f16" : t == dtype::BF16 ? "bf16" : "?";
 }
 
+// Decoder layers [first, last) (last = -1: to the end): the part of the model a pipeline stage holds.
+struct LayerRange {
+  int64_t first = 0, last = -1;
+  int64_t size() const noexcept { return last - first; }
+  bool operator==(const LayerRange& o) const noexcept { return first == o.first && last == o.last; }
+};
+
 // Per-sequence attention state: the keys and values of every position seen so far, for every layer, as F32
 // (default), F16 or BF16 elements.
 class KvCache {
@@ -150,14 +157,21 @@ class KvCache {
   KvCache() = default;
   // Room for `capacity` positions (default: the model's context, max_position_embeddings) of element type `type`
   // (F32, F16 or BF16; an input_error otherwise).
-  explicit KvCache(const Config& c, int64_t capacity = 0, dtype type = dtype::F32) {
+  // `layers`: the decoder layers it holds (default: all; a pipeline stage's cache holds its Model's layers()).
+  explicit KvCache(const Config& c, int64_t capacity = 0, dtype type = dtype::F32, LayerRange layers = {}) {
     if (capacity <= 0) capacity = c.max_position_embeddings;
     if (capacity > c.max_position_embeddings)
       throw input_error("KvCache: capacity " + std::to_string(capacity) + " exceeds max_position_embeddings " +
                         std::to_string(c.max_position_embeddings));
     if (!ops::attention_cache_type(type))
       throw input_error(std::string("KvCache: element type ") + to_string(type) + " (expected F32, F16 or BF16)");
-    layers_ = c.num_hidden_layers;
+    if (layers.last < 0) layers.last = c.num_hidden_layers;
+    if (layers.first < 0 || layers.first > layers.last || layers.last > c.num_hidden_layers)
+      throw input_error("KvCache: layers [" + std::to_string(layers.first) + ", " + std::to_string(layers.last) +
+                        ") of a model of " + std::to_string(c.num_hidden_layers));
+    model_layers_ = c.num_hidden_layers;
+    first_ = layers.first;
+    layers_ = layers.size();
     hidden_ = c.hidden_size;
     heads_ = c.num_attention_heads;
     head_dim_ = c.hidden_size / c.num_attention_heads;
@@ -194,7 +208,9 @@ class KvCache {
   int64_t head_stride() const noexcept { return capacity_ * head_dim_; }
   int64_t hidden() const noexcept { return hidden_; }
   int64_t heads() const noexcept { return heads_; }
-  int64_t layers() const noexcept { return layers_; }
+  int64_t layers() const noexcept { return layers_; }  // layers held: [first_layer(), first_layer() + layers())
+  int64_t first_layer() const noexcept { return first_; }
+  int64_t model_layers() const noexcept { return model_layers_; }  // num_hidden_layers of its model
   void advance(int64_t n) noexcept { size_ += n; }
   // Writes n new positions [size(), size() + n) of `layer` from rows k_rows, v_rows [n, hidden] (heads side by
   // side); F16 and BF16 round each value to nearest even (a NaN stays a NaN, beyond the range gives infinity).
@@ -210,7 +226,7 @@ class KvCache {
 
  private:
   size_t layer_offset(int64_t layer) const noexcept {
-    return size_t(layer) * size_t(capacity_) * size_t(hidden_) * esize_;
+    return size_t(layer - first_) * size_t(capacity_) * size_t(hidden_) * esize_;
   }
   template <class E, class Round>
   void store_as(int64_t layer, const float* k_rows, const float* v_rows, int64_t n, Round round) noexcept {
@@ -226,6 +242,7 @@ class KvCache {
   }
 
   int64_t layers_ = 0, hidden_ = 0, heads_ = 0, head_dim_ = 0, capacity_ = 0, size_ = 0;
+  int64_t first_ = 0, model_layers_ = 0;
   dtype type_ = dtype::F32;
   size_t esize_ = 4;
   ops::aligned_vector<std::byte> k_, v_;  // [layers, heads, capacity, head_dim] elements, 64-byte aligned
@@ -317,13 +334,6 @@ struct ForwardOptions {
 };
 
 enum class quantization { none, int8, int4 };
-
-// Decoder layers [first, last) (last = -1: to the end): the part of the model a pipeline stage holds.
-struct LayerRange {
-  int64_t first = 0, last = -1;
-  int64_t size() const noexcept { return last - first; }
-  bool operator==(const LayerRange& o) const noexcept { return first == o.first && last == o.last; }
-};
 
 // The layers a Model does not hold, run somewhere else: the rest of a pipeline (opt/pipeline.hpp runs them on
 // other MPI ranks). Model::forward hands it the residual stream after its own layers and reads back the output of
@@ -494,9 +504,14 @@ class Model {
       const SequenceChunk& ch = chunks[s];
       if (!ch.cache) throw input_error(w + ": sequence " + std::to_string(s) + " has no KvCache");
       if (ch.n <= 0) throw input_error(w + ": sequence " + std::to_string(s) + " has no new tokens");
-      if (ch.cache->layers() != c.num_hidden_layers || ch.cache->hidden() != c.hidden_size ||
+      if (ch.cache->model_layers() != c.num_hidden_layers || ch.cache->hidden() != c.hidden_size ||
           ch.cache->heads() != c.num_attention_heads)
         throw input_error(w + ": sequence " + std::to_string(s) + " has a KvCache made for another model");
+      if (ch.cache->first_layer() > layers_.first || ch.cache->first_layer() + ch.cache->layers() < layers_.last)
+        throw input_error(w + ": sequence " + std::to_string(s) + " has a KvCache of layers [" +
+                          std::to_string(ch.cache->first_layer()) + ", " +
+                          std::to_string(ch.cache->first_layer() + ch.cache->layers()) + "); this Model holds " +
+                          part_string());
       if (ch.cache->size() + ch.n > ch.cache->capacity())
         throw input_error(w + ": sequence " + std::to_string(s) + " needs " +
                           std::to_string(ch.cache->size() + ch.n) + " positions, beyond its KvCache capacity " +

@@ -74,8 +74,9 @@ class StageCaches {
  public:
   // The chunks of the pass `header` (a kPass header of `len` values) over this stage's caches; `who` names the
   // stage in messages. Throws format_error for a malformed header, input_error for a sequence it cannot follow.
-  const std::vector<SequenceChunk>& begin_pass(const Config& c, const int64_t* header, int64_t len,
-                                               const std::string& who) {
+  // `layers`: the stage's (Model::layers()), which its caches hold.
+  const std::vector<SequenceChunk>& begin_pass(const Config& c, LayerRange layers, const int64_t* header,
+                                               int64_t len, const std::string& who) {
     if (len < wire::kFixed || header[0] != wire::kPass || header[1] < 0 ||
         len != wire::kFixed + wire::kPerChunk * header[1])
       throw format_error(who + ": a pass header of " + std::to_string(len) + " values (expected " +
@@ -90,7 +91,7 @@ class StageCaches {
                            " tokens at position " + std::to_string(size) + (live.count(key) ? ", a repeated key" : ""));
       auto it = caches_.find(key);
       if (size == 0) {  // a new sequence (or a key reused by one): a fresh cache
-        live.emplace(key, KvCache(c, capacity, type));
+        live.emplace(key, KvCache(c, capacity, type, layers));
         continue;
       }
       if (it == caches_.end() || it->second.size() < size || it->second.capacity() != capacity ||
@@ -305,7 +306,7 @@ class Stage {
       return false;
     }
     const Config& c = model_->config();
-    const std::vector<SequenceChunk>& chunks = caches_.begin_pass(c, header_.data(), len,
+    const std::vector<SequenceChunk>& chunks = caches_.begin_pass(c, model_->layers(), header_.data(), len,
                                                                   "pipeline: rank " + std::to_string(rank_));
     int64_t rows = 0;
     for (const SequenceChunk& ch : chunks) rows += ch.n;

@@ -27,14 +27,15 @@ const lines = (s) => s.trimEnd().split("\n").map((l) => JSON.parse(l));
 
 function spawn(cmd, args, input, timeout = 60000) {
   const t0 = Date.now();
-  const r = spawnSync(cmd, args, { input: input ?? "", encoding: "utf8", maxBuffer: 1 << 28, timeout, killSignal: "SIGKILL" });
+  const r = spawnSync(cmd, args,
+                      { input: input ?? "", encoding: "utf8", maxBuffer: 1 << 28, timeout, killSignal: "SIGKILL" });
   assert.equal(r.error, undefined, `${cmd} ${args.join(" ")}: ${r.error} (after ${Date.now() - t0} ms)`);
   return r;
 }
 // One process, or `np` ranks; `ok` requires exit 0.
 function generate(np, args, input, { ok = true } = {}) {
-  const r = np === 1 ? spawn(GENERATE, args, input)
-                     : spawn(MPIEXEC, [...ROOT, "--oversubscribe", "-np", String(np), GENERATE, "--threads", "1", ...args], input);
+  const mpi = [...ROOT, "--oversubscribe", "-np", String(np), GENERATE, "--threads", "1"];
+  const r = np === 1 ? spawn(GENERATE, args, input) : spawn(MPIEXEC, [...mpi, ...args], input);
   if (ok) assert.equal(r.status, 0, `${np} ranks, ${args.join(" ")}: exit ${r.status} ${r.signal ?? ""}\n${r.stderr}`);
   return r;
 }
@@ -42,8 +43,8 @@ function generate(np, args, input, { ok = true } = {}) {
 test("a rank that dies mid-run ends the job with an error, not a hang", () => {
   const m = path.join(FIX, "opt-tiny-odd");
   const t0 = Date.now();
-  const r = generate(3, ["-m", m, "-n", "30", "--jsonl", "-", "--pipeline-fail-after", "3"], jsonl([{ ids: [2, 10, 11] }]),
-                     { ok: false });
+  const r = generate(3, ["-m", m, "-n", "30", "--jsonl", "-", "--pipeline-fail-after", "3"],
+                     jsonl([{ ids: [2, 10, 11] }]), { ok: false });
   assert.ok(Date.now() - t0 < 30000, "the job took more than 30 s to end");
   assert.notEqual(r.status, 0, "exit 0 after a rank died");
   assert.match(r.stderr, /rank 1: ending abruptly after 3 passes/);
@@ -61,5 +62,6 @@ test("errors: bad input on rank 0 and ranks holding different models end with on
                             "-np", "1", GENERATE, "-m", path.join(FIX, "opt-tiny-preln"), "-n", "4", "--jsonl", "-"],
                   jsonl([{ ids: [2, 10] }]));
   assert.notEqual(r.status, 0);
-  assert.match(r.stderr, /rank 0: \[opt\.config\] pipeline: rank 1 holds a model of 2 layers, hidden 64, 4 heads; rank 0's has 3/);
+  assert.match(r.stderr,
+               /rank 0: \[opt\.config\] pipeline: rank 1 holds a model of 2 layers, hidden 64, 4 heads; rank 0's/);
 });

@@ -27,14 +27,15 @@ const lines = (s) => s.trimEnd().split("\n").map((l) => JSON.parse(l));
 
 function spawn(cmd, args, input, timeout = 60000) {
   const t0 = Date.now();
-  const r = spawnSync(cmd, args, { input: input ?? "", encoding: "utf8", maxBuffer: 1 << 28, timeout, killSignal: "SIGKILL" });
+  const r = spawnSync(cmd, args,
+                      { input: input ?? "", encoding: "utf8", maxBuffer: 1 << 28, timeout, killSignal: "SIGKILL" });
   assert.equal(r.error, undefined, `${cmd} ${args.join(" ")}: ${r.error} (after ${Date.now() - t0} ms)`);
   return r;
 }
 // One process, or `np` ranks; `ok` requires exit 0.
 function generate(np, args, input, { ok = true } = {}) {
-  const r = np === 1 ? spawn(GENERATE, args, input)
-                     : spawn(MPIEXEC, [...ROOT, "--oversubscribe", "-np", String(np), GENERATE, "--threads", "1", ...args], input);
+  const mpi = [...ROOT, "--oversubscribe", "-np", String(np), GENERATE, "--threads", "1"];
+  const r = np === 1 ? spawn(GENERATE, args, input) : spawn(MPIEXEC, [...mpi, ...args], input);
   if (ok) assert.equal(r.status, 0, `${np} ranks, ${args.join(" ")}: exit ${r.status} ${r.signal ?? ""}\n${r.stderr}`);
   return r;
 }
@@ -68,8 +69,10 @@ test("--jsonl --logits on 2 and 3 ranks: byte for byte one process's output, and
 
 test("-p text, seeded sampling and speculative decoding on 3 ranks: one process's output", () => {
   const m = path.join(FIX, "opt-tiny-realvocab");
-  for (const extra of [[], ["--temp", "0.8", "--top-k", "20", "--seed", "7"], ["--lookup", "2", "--draft-tokens", "3"]]) {
-    const args = ["-m", m, "-t", TOKDIR, "-p", "Hello, my dog is cute", "-p", "The capital of France", "-n", "12", ...extra];
+  const sample = ["--temp", "0.8", "--top-k", "20", "--seed", "7"], lookup = ["--lookup", "2", "--draft-tokens", "3"];
+  for (const extra of [[], sample, lookup]) {
+    const args = ["-m", m, "-t", TOKDIR, "-p", "Hello, my dog is cute", "-p", "The capital of France", "-n", "12",
+                  ...extra];
     const one = generate(1, args).stdout;
     assert.ok(one.includes("Hello, my dog is cute"));
     assert.equal(generate(3, args).stdout, one, `${extra.join(" ")}: not one process's output`);
@@ -79,8 +82,10 @@ test("-p text, seeded sampling and speculative decoding on 3 ranks: one process'
 test("--stats and --peak-rss: the bytes each boundary carried, every rank's peak RSS and part", () => {
   const m = path.join(FIX, "opt-tiny-odd"), H = goldens("opt-tiny-odd").config.hidden_size;
   const r = generate(3, ["-m", m, "-n", "4", "--jsonl", "-", "--stats", "--peak-rss"], jsonl([{ ids: [2, 10, 11] }]));
-  // 1 sequence: a prefill pass of 3 tokens, then 3 decode passes of 1 (the 4th token needs no pass)
-  const t = r.stderr.match(/pipeline: 3 ranks \(rank 0: layers \[0, 1\) of 3, the embeddings, the head\) \| 4 passes, (\d+) tokens \| (\d+) bytes sent over 3 boundaries \((\d+) hidden, (\d+) headers\)/);
+  // 1 sequence: a prefill pass of 3 tokens (the first new one), then 3 decode passes of 1 token
+  const t = r.stderr.match(new RegExp(
+      "pipeline: 3 ranks \\(rank 0: layers \\[0, 1\\) of 3, the embeddings, the head\\) \\| 4 passes, (\\d+) tokens " +
+      "\\| (\\d+) bytes sent over 3 boundaries \\((\\d+) hidden, (\\d+) headers\\)"));
   assert.ok(t, r.stderr);
   assert.equal(Number(t[1]), 6);
   assert.equal(Number(t[3]), 3 * 6 * H * 4, "hidden bytes: 3 boundaries x 6 tokens x hidden floats");
