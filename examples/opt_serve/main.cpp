@@ -136,10 +136,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (pipe.rank() > 0) {  // a pipeline stage: its layers of every step, until rank 0 stops
-    sigset_t stop;  // mpirun passes SIGINT/SIGTERM to every rank: rank 0 shuts down, then tells this one
+    sigset_t stop;  // rank 0 shuts down on a signal, then tells this one (mpirun passes SIGUSR1 to every rank)
     sigemptyset(&stop);
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &stop, nullptr);
     try {
       const opt::Model part = opt::Model::load(o.model_dir, pipe.load_options({}, o.model_dir));
@@ -157,6 +158,9 @@ int main(int argc, char** argv) {
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
+  // under mpirun, SIGINT/SIGTERM to mpirun end the job at once; SIGUSR1, which mpirun passes to every rank, is the
+  // clean shutdown (rank 0 answers what it can, then stops the other ranks)
+  if (pipe.pipelined()) sigaddset(&sigs, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -217,7 +221,8 @@ int main(int argc, char** argv) {
   std::thread signals([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    std::fprintf(stderr, "opt-serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    std::fprintf(stderr, "opt-serve: %s, shutting down\n",
+                 sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1");
     http.begin_shutdown();  // no new connections; idle ones close
     srv.sched->shutdown();  // running and waiting requests end with an error; streams close after it
     // the sessions write those last answers; whatever is still open after 3 s is dropped

@@ -3,25 +3,28 @@
 // (stage_options). Each rank loads only its part (LoadOptions::layers / embeddings / head), so it maps and
 // touches only its own weights. Rank 0 runs the host program: its Model gets a pipeline::Head as its remote
 // layers (Model::set_remote_layers), so forward(), opt::Batch, generate and speculative decoding run unchanged;
-// each pass sends the residual stream (the exact float bits) rank to rank, 1 -> 2 -> ... -> last -> 0, and every
+// each pass sends the residual stream (the exact float bits) rank to rank, 0 -> 1 -> ... -> last -> 0, and every
 // other rank runs a pipeline::Stage, serving passes until rank 0 calls Head::finish(). The result is bit-identical
 // to one process's: every rank runs the same operations on the same values (the kernels' results do not depend on
 // the thread count or the batch, so any --threads per rank gives the same bits).
 //
-// split_layers and stage_options need nothing; Head and Stage exist only when compiled with MPI: OPT_MPI defined
-// and <mpi.h> on the include path (CMake: -DOPT_MPI=ON, the MPI::MPI_CXX target).
+// split_layers, stage_options, encode_pass and StageCaches need nothing (a test chains stages in one process
+// with them); Head and Stage exist only when compiled with MPI: OPT_MPI defined and <mpi.h> on the include path
+// (CMake: -DOPT_MPI=ON, the MPI::MPI_CXX target).
 //
 // The wire: per pass, a header of int64 (kind, chunk count, then per chunk its key, cache size before the pass,
 // new tokens, cache capacity, cache element type) and then the [tokens, hidden] floats. A stage keeps one KvCache
-// per key: a chunk whose cache is empty on rank 0 starts a new one, a smaller size rolls the stage's back
+// (of its own layers) per key: a chunk whose cache is empty on rank 0 starts a new one, a smaller size rolls the stage's back
 // (speculative decoding), and a stage forgets the caches of sequences absent from a pass. So the contract is
 // opt::Batch's: every live sequence takes part in every pass. A pass holds the Head's mutex from send to receive.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "opt/error.hpp"
@@ -126,6 +129,12 @@ class StageCaches {
 OPT_NAMESPACE_END
 
 #if defined(OPT_MPI)
+#ifndef OMPI_SKIP_MPICXX  // the C API only: no MPI C++ bindings (removed in MPI-3, noisy under -Wextra)
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 OPT_NAMESPACE_BEGIN
@@ -142,6 +151,35 @@ inline void check(int rc, const char* what, int peer) {
   MPI_Error_string(rc, msg, &len);
   throw io_error(std::string("pipeline: ") + what + " rank " + std::to_string(peer) + " failed: " +
                  std::string(msg, size_t(len)));
+}
+
+// Waiting without holding a core: MPI's blocking calls poll in a busy loop, so a stage waiting for the next pass
+// (or rank 0 waiting for a pass to come back) would take a core from the ranks computing beside it (several ranks
+// on one machine) or burn one while idle (a server between requests). `done()` is tried in a spin for the first
+// 50 us, then between sleeps that double from 20 us up to 1 ms: a hand-off is noticed at most ~1 ms late.
+template <class Done>
+void wait_for(Done done) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto nap = std::chrono::microseconds(20);
+  while (!done()) {
+    if (clock::now() - start < std::chrono::microseconds(50)) continue;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
+
+// A blocking receive that waits with wait_for.
+inline int recv(void* buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm) {
+  MPI_Request req;
+  int rc = MPI_Irecv(buf, count, type, source, tag, comm, &req);
+  if (rc != MPI_SUCCESS) return rc;
+  wait_for([&] {
+    int flag = 0;
+    rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    return rc != MPI_SUCCESS || flag;
+  });
+  return rc;
 }
 
 // A duplicate of comm whose MPI errors return (and become io_errors) instead of ending the job.
@@ -234,7 +272,7 @@ class Head : public RemoteLayers {
                   "MPI_Send of a header to", 1);
     detail::check(MPI_Send(hidden, count, MPI_FLOAT, 1, detail::kHiddenTag, comm_), "MPI_Send of hidden states to",
                   1);
-    detail::check(MPI_Recv(hidden, count, MPI_FLOAT, ranks_ - 1, detail::kHiddenTag, comm_, MPI_STATUS_IGNORE),
+    detail::check(detail::recv(hidden, count, MPI_FLOAT, ranks_ - 1, detail::kHiddenTag, comm_),
                   "MPI_Recv of hidden states from", ranks_ - 1);
     ++traffic_.passes;
     traffic_.tokens += rows;
@@ -293,7 +331,13 @@ class Stage {
   bool serve_pass() {
     const int prev = rank_ - 1, next = rank_ + 1 < ranks_ ? rank_ + 1 : 0;
     MPI_Status st;
-    detail::check(MPI_Probe(prev, detail::kHeaderTag, comm_, &st), "MPI_Probe for a header from", prev);
+    int rc = MPI_SUCCESS;
+    detail::wait_for([&] {
+      int flag = 0;
+      rc = MPI_Iprobe(prev, detail::kHeaderTag, comm_, &flag, &st);
+      return rc != MPI_SUCCESS || flag;
+    });
+    detail::check(rc, "MPI_Iprobe for a header from", prev);
     int len = 0;
     MPI_Get_count(&st, MPI_INT64_T, &len);
     header_.resize(size_t(std::max(len, 0)));
@@ -312,7 +356,7 @@ class Stage {
     for (const SequenceChunk& ch : chunks) rows += ch.n;
     hidden_.resize(size_t(rows * c.hidden_size));
     const int count = int(hidden_.size());
-    detail::check(MPI_Recv(hidden_.data(), count, MPI_FLOAT, prev, detail::kHiddenTag, comm_, MPI_STATUS_IGNORE),
+    detail::check(detail::recv(hidden_.data(), count, MPI_FLOAT, prev, detail::kHiddenTag, comm_),
                   "MPI_Recv of hidden states from", prev);
     if (!chunks.empty()) model_->forward_layers(chunks, hidden_.data(), *ws_);
     if (next != 0)
