@@ -91,7 +91,24 @@ std::string read_key_file(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // SIGINT/SIGTERM are taken by one thread with sigwait; every other thread blocks them (blocked before MPI starts
+  // its own threads). Under mpirun SIGUSR1 too: mpirun ends the job at once on SIGINT/SIGTERM, but passes SIGUSR1
+  // to every rank, so it is the clean shutdown (rank 0 answers what it can, then stops the other ranks, which wait
+  // for that). SIGPIPE: a client that went away makes writes fail instead of killing the process.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   PipelineRun pipe(argc, argv, "opt-serve");
+  if (!pipe.pipelined()) {  // one process: SIGUSR1 keeps its default action
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr);
+    sigdelset(&sigs, SIGUSR1);
+  }
   PipelineFlags pf;
   ServerOptions o;
   std::string api_key, api_key_file;
@@ -136,12 +153,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (pipe.rank() > 0) {  // a pipeline stage: its layers of every step, until rank 0 stops
-    sigset_t stop;  // rank 0 shuts down on a signal, then tells this one (mpirun passes SIGUSR1 to every rank)
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    // (its signals stay blocked: rank 0 shuts down on them, then tells this one)
     try {
       const opt::Model part = opt::Model::load(o.model_dir, pipe.load_options({}, o.model_dir));
       const int rc = pipe.serve(part, o.threads, pf);
@@ -152,16 +164,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  // SIGINT/SIGTERM are taken by one thread with sigwait; every other thread blocks them. SIGPIPE: a client that
-  // went away makes writes fail instead of killing the process.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  // under mpirun, SIGINT/SIGTERM to mpirun end the job at once; SIGUSR1, which mpirun passes to every rank, is the
-  // clean shutdown (rank 0 answers what it can, then stops the other ranks)
-  if (pipe.pipelined()) sigaddset(&sigs, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   const rlim_t files = raise_file_limit();
