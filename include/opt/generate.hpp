@@ -76,10 +76,11 @@ inline std::vector<std::vector<int32_t>> unpad(const std::vector<std::vector<int
   return rows;
 }
 
-// Runs every prompt to its end (EOS, max_new_tokens, or on_token returning false) with the step loop of
-// opt::Batch. keep_first_logits fills GenerateResult::first_logits.
-inline GenerateResult generate_ids(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
-                                   const GenerateOptions& opts, Workspace& ws, bool keep_first_logits = false) {
+namespace detail {
+// What generate_ids and speculative_generate_ids check before anything is allocated: the options, every prompt
+// (not empty, ids in the vocabulary, prompt + max_new_tokens within the context) and the whole batch's KV cache.
+inline void check_generate(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                           const GenerateOptions& opts) {
   const Config& c = model.config();
   if (prompts.empty()) throw input_error("generate: empty batch (no prompts)");
   if (opts.max_new_tokens < 0)
@@ -112,14 +113,29 @@ inline GenerateResult generate_ids(const Model& model, const std::vector<std::ve
                       std::to_string(opts.max_new_tokens) + " need " + std::to_string(cache_total) +
                       " bytes of KV cache, more than the limit of " + std::to_string(opts.max_cache_bytes) +
                       " bytes (GenerateOptions::max_cache_bytes, default OPT_MAX_KV_BYTES)");
-  Batch batch(model, ws);
-  batch.set_max_cache_bytes(opts.max_cache_bytes);
+}
+
+// The per-sequence options of a generate call.
+inline SequenceOptions sequence_options(const GenerateOptions& opts) {
   SequenceOptions so;
   so.max_new_tokens = opts.max_new_tokens;
   so.stop_at_eos = opts.stop_at_eos;
   so.eos_token_id = opts.eos_token_id;
   so.sampling = opts.sampling;
   so.kv_cache = opts.kv_cache;
+  return so;
+}
+}  // namespace detail
+
+// Runs every prompt to its end (EOS, max_new_tokens, or on_token returning false) with the step loop of
+// opt::Batch. keep_first_logits fills GenerateResult::first_logits.
+inline GenerateResult generate_ids(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                                   const GenerateOptions& opts, Workspace& ws, bool keep_first_logits = false) {
+  detail::check_generate(model, prompts, opts);
+  const size_t B = prompts.size();
+  Batch batch(model, ws);
+  batch.set_max_cache_bytes(opts.max_cache_bytes);
+  const SequenceOptions so = detail::sequence_options(opts);
   std::vector<SeqId> ids(B);
   std::map<SeqId, size_t> row_of;
   for (size_t b = 0; b < B; ++b) {

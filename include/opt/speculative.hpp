@@ -337,37 +337,9 @@ inline GenerateResult speculative_generate_ids(const Model& model, const std::ve
                                                bool keep_first_logits = false, SpeculativeStats* stats = nullptr) {
   const Config& c = model.config();
   opts.sampling.validate();
-  if (prompts.empty()) throw input_error("generate: empty batch (no prompts)");
-  if (opts.max_new_tokens < 0)
-    throw input_error("generate: max_new_tokens = " + std::to_string(opts.max_new_tokens) + ", expected >= 0");
-  size_t cache_total = 0;
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    const std::vector<int32_t>& p = prompts[b];
-    const int64_t len = int64_t(p.size());
-    if (len == 0) throw input_error("generate: prompt " + std::to_string(b) + " is empty");
-    if (opts.max_new_tokens > c.max_position_embeddings - len)
-      throw input_error("generate: prompt " + std::to_string(b) + " has " + std::to_string(len) +
-                        " tokens; with max_new_tokens " + std::to_string(opts.max_new_tokens) +
-                        " that is beyond max_position_embeddings " + std::to_string(c.max_position_embeddings));
-    for (size_t j = 0; j < p.size(); ++j)
-      if (p[j] < 0 || p[j] >= c.vocab_size)
-        throw input_error("generate: prompt " + std::to_string(b) + " token " + std::to_string(j) + " = " +
-                          std::to_string(p[j]) + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
-                          ")");
-    if (opts.max_new_tokens > 0) cache_total += Batch::cache_bytes_for(c, len + opts.max_new_tokens, opts.kv_cache);
-  }
-  if (cache_total > opts.max_cache_bytes)
-    throw limit_error("generate: " + std::to_string(prompts.size()) + " prompts with max_new_tokens " +
-                      std::to_string(opts.max_new_tokens) + " need " + std::to_string(cache_total) +
-                      " bytes of KV cache, more than the limit of " + std::to_string(opts.max_cache_bytes) +
-                      " bytes (GenerateOptions::max_cache_bytes)");
+  detail::check_generate(model, prompts, opts);
   SpeculativeStats st;
-  SequenceOptions sq;
-  sq.max_new_tokens = opts.max_new_tokens;
-  sq.stop_at_eos = opts.stop_at_eos;
-  sq.eos_token_id = opts.eos_token_id;
-  sq.sampling = opts.sampling;
-  sq.kv_cache = opts.kv_cache;
+  SequenceOptions sq = detail::sequence_options(opts);
   sq.speculation = speculation(std::shared_ptr<Drafter>(&drafter, [](Drafter*) {}), so, &st);  // not owned
   Batch batch(model, ws);
   batch.set_max_cache_bytes(opts.max_cache_bytes);

@@ -204,14 +204,16 @@ OPT_K_INLINE V load_w(const std::byte* panel, int64_t k, int v) {
 // tile's FMAs). I4: the column's kPanel / 2 bytes decoded at once into the integers q (exact in f32).
 template <dtype T>
 OPT_K_INLINE void load_col(const std::byte* panel, int64_t k, V* wv) {
-  if constexpr (T == dtype::I4) {
-    Simd::load_i4(reinterpret_cast<const uint8_t*>(panel) + k * col_bytes_c(T), wv);
-  } else {
-    OPT_K_UNROLL
-    for (int v = 0; v < VP; ++v) wv[v] = load_w<T>(panel, k, v);
-  }
+  // (kept through a local: keep() on the array element itself made GCC store every weight vector to the stack)
+  if constexpr (T == dtype::I4) Simd::load_i4(reinterpret_cast<const uint8_t*>(panel) + k * col_bytes_c(T), wv);
   OPT_K_UNROLL
-  for (int v = 0; v < VP; ++v) Simd::keep(wv[v]);
+  for (int v = 0; v < VP; ++v) {
+    V t;
+    if constexpr (T == dtype::I4) t = wv[v];
+    else t = load_w<T>(panel, k, v);
+    Simd::keep(t);
+    wv[v] = t;
+  }
 }
 
 // Output rows j < NP * kPanel (panels p0 ..) of tokens m < MR: one sequential FMA chain over k per output;
