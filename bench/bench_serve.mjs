@@ -4,11 +4,17 @@
 //
 //   node bench/bench_serve.mjs [--build build] [--model DIR] [--tokenizer DIR] [--clients 1,4,16]
 //                              [--max-tokens 32] [--threads N] [--max-batch 16] [--json out.json]
+//                              [--cache-bytes N] [--prefix N [--reps 5]]
 //
 // Every client sends greedy streaming /v1/completions requests, one after another, with prompts from a fixed
 // set of 16 (different lengths). The 1-client level runs each prompt alone first; at every other level each
 // answer must equal that one before its numbers count (results are checked before they are reported).
 // Only 127.0.0.1 is contacted; the server is started and stopped by the script.
+//
+// --prefix N measures the prefix cache instead: a prompt of N random token ids + 8 more is sent twice, alone; the
+// first time it is cold (nothing of it cached), the second its first N tokens (whole blocks) come from the cache.
+// Time to first token of each, median of --reps prompts (each a new prefix), and the two answers must be equal.
+// --cache-bytes is passed to opt-serve (its default otherwise: 256 MiB).
 import { spawn, execFileSync } from "node:child_process";
 import { existsSync, writeFileSync } from "node:fs";
 import path from "node:path";
@@ -26,6 +32,9 @@ const { values: a } = parseArgs({
     threads: { type: "string", default: "0" },
     "max-batch": { type: "string", default: "16" },
     json: { type: "string" },
+    "cache-bytes": { type: "string" },
+    prefix: { type: "string" },
+    reps: { type: "string", default: "5" },
   },
 });
 const serve = path.join(a.build, "examples", "opt-serve");
@@ -48,7 +57,8 @@ const prompts = Array.from({ length: 16 }, (_, i) =>
 
 // ---- the server -----------------------------------------------------------------------------------------------
 const proc = spawn(serve, ["-m", modelDir, "-t", a.tokenizer, "--host", "127.0.0.1", "--port", "0",
-                           "--max-batch", a["max-batch"], "--threads", a.threads, "--max-queue", "256"],
+                           "--max-batch", a["max-batch"], "--threads", a.threads, "--max-queue", "256",
+                           ...(a["cache-bytes"] !== undefined ? ["--cache-bytes", a["cache-bytes"]] : [])],
                    { stdio: ["ignore", "pipe", "inherit"] });
 const port = await new Promise((resolve, reject) => {
   let out = "";
@@ -90,11 +100,37 @@ async function complete(prompt) {
   return { text, tokens, ttft, ms: performance.now() - t0 };
 }
 
+// --prefix N: time to first token, cold then with the prompt's first N tokens cached.
+async function prefixRun(n, reps) {
+  let x = 12345;
+  const ids = (k) => Array.from({ length: k }, () => 4 + ((x = (x * 48271) % 2147483647) % 50000));
+  const cold = [], warm = [];
+  for (let r = 0; r < reps; r++) {
+    const prompt = [2, ...ids(n - 1), ...ids(8)];
+    const a1 = await complete(prompt), a2 = await complete(prompt);
+    if (a1.text !== a2.text) throw new Error(`the answer with the prefix cached differs from the cold one (rep ${r})`);
+    cold.push(a1.ttft);
+    warm.push(a2.ttft);
+  }
+  const h = await (await fetch(`${url}/health`)).json();
+  const med = (xs) => pct(xs, 0.5);
+  console.log(`bench_serve opt-125m-shape prefix=${n} prompt=${n + 8} tokens reps=${reps}: ttft cold ` +
+              `p50=${med(cold).toFixed(1)}ms warm p50=${med(warm).toFixed(1)}ms ` +
+              `speedup=${(med(cold) / med(warm)).toFixed(2)}x (answers equal; ` +
+              `prefix_cache ${JSON.stringify(h.prefix_cache)})`);
+  if (a.json)
+    writeFileSync(a.json, JSON.stringify({ model: modelDir, prefix: n, cold_ms: cold, warm_ms: warm }, null, 2));
+}
+
 const pct = (xs, p) => { const s = [...xs].sort((x, y) => x - y); return s[Math.min(s.length - 1, Math.floor(p * s.length))]; };
 const reference = new Map();
 const results = [];
 try {
   await complete("warm up"); // page in the weights
+  if (a.prefix !== undefined) {
+    await prefixRun(Number(a.prefix), Number(a.reps));
+    levels.length = 0;
+  }
   for (const clients of levels) {
     const n = clients === 1 ? prompts.length : Math.max(prompts.length, 2 * clients);
     let next = 0;
@@ -124,9 +160,12 @@ try {
                 `latency_p50=${r.latency_ms_p50}ms ttft_p50=${r.ttft_ms_p50}ms (max_tokens ${maxTokens}, ${secs.toFixed(1)} s)`);
   }
   const h = await (await fetch(`${url}/health`)).json();
-  console.log(`bench_serve: ${h.generated_tokens} tokens in ${h.steps} steps (${(h.generated_tokens / h.steps).toFixed(2)} ` +
-              `sequences per step on average); answers at every level equal to each prompt alone`);
-  if (a.json) writeFileSync(a.json, JSON.stringify({ model: modelDir, max_tokens: maxTokens, results }, null, 2));
+  if (levels.length)
+    console.log(`bench_serve: ${h.generated_tokens} tokens in ${h.steps} steps ` +
+                `(${(h.generated_tokens / h.steps).toFixed(2)} sequences per step on average); answers at every ` +
+                `level equal to each prompt alone`);
+  if (a.json && levels.length)
+    writeFileSync(a.json, JSON.stringify({ model: modelDir, max_tokens: maxTokens, results }, null, 2));
 } finally {
   proc.kill("SIGTERM");
 }

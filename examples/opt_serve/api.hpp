@@ -215,6 +215,7 @@ inline Reply health_reply(const Server& s) {
   h["model"] = s.o.model_name;
   h["context"] = s.context();
   if (json sp = s.sched->speculation_stats(); !sp.is_null()) h["speculative"] = sp;
+  if (json pc = s.sched->prefix_cache_stats(); !pc.is_null()) h["prefix_cache"] = pc;
   return json_reply(h);
 }
 
@@ -243,6 +244,18 @@ inline Reply metrics_reply(const Server& s) {
                  sp["accepted"].get<double>());
     write_metric(out, "opt_serve_speculative_passes_total", "counter", "verification passes with proposals",
                  sp["passes"].get<double>());
+  }
+  if (const json pc = s.sched->prefix_cache_stats(); !pc.is_null()) {
+    write_metric(out, "opt_serve_prefix_cache_hits_total", "counter", "sequences that started from a cached prefix",
+                 pc["hits"].get<double>());
+    write_metric(out, "opt_serve_prefix_cache_misses_total", "counter", "sequences that found no cached prefix",
+                 pc["misses"].get<double>());
+    write_metric(out, "opt_serve_prefix_cache_hit_tokens_total", "counter", "prompt tokens taken from the cache",
+                 pc["hit_tokens"].get<double>());
+    write_metric(out, "opt_serve_prefix_cache_evictions_total", "counter", "cached blocks evicted for room",
+                 pc["evictions"].get<double>());
+    write_metric(out, "opt_serve_prefix_cache_bytes", "gauge", "bytes of KV the prefix cache holds",
+                 pc["bytes"].get<double>());
   }
   s.sched->step_seconds().write(out, "opt_serve_step_seconds", "time of one step of the batch");
   s.metrics.ttft_seconds.write(out, "opt_serve_time_to_first_token_seconds",

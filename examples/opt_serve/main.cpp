@@ -3,7 +3,8 @@
 //   opt-serve -m MODEL_DIR [-t TOKENIZER_DIR] [--host 127.0.0.1] [--port 8080] [--max-batch 16] [--threads N]
 //             [--max-queue 64] [--max-body-bytes 1048576] [--max-tokens-limit N] [--max-prompts 32]
 //             [--kv-cache f32|f16|bf16] [--max-connections 4096] [--head-timeout 10] [--body-timeout 30]
-//             [--timeout 30] [--api-key KEY | --api-key-file FILE]
+//             [--timeout 30] [--api-key KEY | --api-key-file FILE] [--cache-bytes 268435456]
+//             [--cache-block-tokens 16]
 //             [--lookup N | --draft-self int8|int4 | --draft DIR] [--draft-tokens K]
 //
 // Endpoints
@@ -148,9 +149,17 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(0, 10000));
   app.add_option("--kv-cache", o.kv_cache, "KV cache elements: f32 (exact), f16 or bf16 (half the memory)")
       ->capture_default_str()->check(kv_cache_validator());
+  app.add_option("--cache-bytes", o.cache_bytes,
+                 "prefix cache: bytes of prompts' KV kept for later requests that start with the same tokens, least "
+                 "recently used evicted first (0: off; default 256 MiB)")
+      ->capture_default_str();
+  app.add_option("--cache-block-tokens", o.cache_block_tokens, "prefix cache: tokens per cached block")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   add_speculation_options(app, o.spec);
   add_pipeline_options(app, pf);
   CLI11_PARSE(app, argc, argv);
+  // Under mpirun the prefix cache is off: the other ranks' layers of a cached prefix are not kept anywhere.
+  if (pipe.pipelined()) o.cache_bytes = 0;
 
   if (pipe.rank() > 0) {  // a pipeline stage: its layers of every step, until rank 0 stops
     // (its signals stay blocked: rank 0 shuts down on them, then tells this one)

@@ -20,6 +20,8 @@ struct ServerOptions {
   size_t max_connections = 4096;  // open connections; beyond: 503 and close
   int step_delay_ms = 0;  // testing and demos: sleep after each step so streams can be watched
   std::string kv_cache = "f32";  // every sequence's KV cache element type (--kv-cache)
+  size_t cache_bytes = size_t(256) << 20;  // the prefix cache's budget (--cache-bytes; 0: no prefix cache)
+  int64_t cache_block_tokens = 16;         // its blocks' positions (--cache-block-tokens)
   SpeculationFlags spec;         // --lookup, --draft-self, --draft, --draft-tokens
 };
 

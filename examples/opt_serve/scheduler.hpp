@@ -3,6 +3,7 @@
 // those whose client went away (Batch::stop frees the KV cache at once), runs one step for all of them, and hands
 // each new token to its request's TextStream (streaming detokenizer + stop strings). With a drafter (--lookup,
 // --draft-self, --draft) every sequence that does not opt out speculates inside that step (opt::speculation).
+// With --cache-bytes the batch has an opt::PrefixCache: prompts start from the KV of their longest cached prefix.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -17,6 +18,7 @@
 #include <opt/batch.hpp>
 #include <opt/generate.hpp>
 #include <opt/model.hpp>
+#include <opt/prefix_cache.hpp>
 #include <opt/speculative.hpp>
 #include <opt/tokenizer.hpp>
 #include <string>
@@ -44,6 +46,10 @@ class Scheduler {
       opt::SpeculativeOptions so;
       so.draft_tokens = o.spec.draft_tokens;
       spec_ = opt::speculation(std::move(drafter), so, &spec_stats_);
+    }
+    if (o.cache_bytes > 0) {
+      prefix_ = std::make_shared<opt::PrefixCache>(model, o.cache_bytes, o.cache_block_tokens);
+      batch_.set_prefix_cache(prefix_);
     }
   }
 
@@ -94,6 +100,16 @@ class Scheduler {
     if (!spec_) return nullptr;
     return {{"drafter", drafter_name_}, {"proposed", proposed_.load()}, {"accepted", accepted_.load()},
             {"passes", passes_.load()}};
+  }
+
+  // {"hits", "misses", "hit_tokens", "stored_blocks", "evictions", "bytes", "blocks", "budget", "block_tokens"}
+  // with a prefix cache; null otherwise. (PrefixCache is thread-safe: read from any thread.)
+  json prefix_cache_stats() const {
+    if (!prefix_) return nullptr;
+    const opt::PrefixCacheStats s = prefix_->stats();
+    return {{"hits", s.hits},         {"misses", s.misses}, {"hit_tokens", s.hit_tokens},
+            {"stored_blocks", s.stored_blocks}, {"evictions", s.evictions}, {"bytes", s.bytes},
+            {"blocks", s.blocks},     {"budget", s.budget}, {"block_tokens", s.block_tokens}};
   }
 
   const opt::DecodeOptions& decode_options() const { return dopts_; }
@@ -266,6 +282,7 @@ class Scheduler {
   opt::Batch batch_;  // the scheduler thread's alone
   opt::dtype kv_cache_;  // every sequence's KV cache element type
   std::shared_ptr<const opt::Speculation> spec_;  // null: plain decoding
+  std::shared_ptr<opt::PrefixCache> prefix_;      // null: no prefix cache (--cache-bytes 0)
   opt::SpeculativeStats spec_stats_;              // the scheduler thread's; copied to the atomics after each step
   std::string drafter_name_;
   std::map<opt::SeqId, Entry> active_;

@@ -7,6 +7,9 @@
 // A sequence may speculate (SequenceOptions::speculation, made by opt::speculation() in speculative.hpp): step()
 // then runs its pending token and a drafter's proposals in the same pass, keeps what its sampler accepts and
 // reports every kept token (several StepTokens in a step). speculative.hpp owns that logic; Batch only calls it.
+//
+// With a PrefixCache (set_prefix_cache, prefix_cache.hpp) a new sequence starts from the cached keys and values of
+// the longest cached prefix of its prompt and computes only the rest; each prompt, once run, is stored there.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -19,6 +22,7 @@
 
 #include "opt/error.hpp"
 #include "opt/model.hpp"
+#include "opt/prefix_cache.hpp"
 #include "opt/sampler.hpp"
 
 OPT_NAMESPACE_BEGIN
@@ -67,6 +71,9 @@ struct SequenceOptions {
   // Speculative decoding in step() (opt::speculation(drafter, ...), speculative.hpp); null: plain steps. Greedy
   // sequences get plain greedy's tokens and logits exactly; sampling ones the same distribution, reproducibly.
   std::shared_ptr<const Speculation> speculation;
+  // With the batch's PrefixCache (Batch::set_prefix_cache): start from the longest cached prefix of the prompt, and
+  // store the prompt once run. The tokens and logits are the same either way.
+  bool prefix_cache = true;
 };
 
 using SeqId = uint64_t;
@@ -134,6 +141,10 @@ class Batch {
       s.reason = FinishReason::length;
     } else {
       s.cache = std::make_unique<KvCache>(c, need, opts.kv_cache, model_->layers());  // (a stage's: its layers)
+      if (prefix_ && opts.prefix_cache) {  // a cached prefix, leaving a token for the pass that gives the logits
+        prefix_->load(s.tokens.data(), len, len - 1, *s.cache);
+        s.store_prompt = true;
+      }
     }
     const SeqId id = next_id_++;
     seqs_.emplace(id, std::move(s));
@@ -148,6 +159,15 @@ class Batch {
   void set_max_cache_bytes(size_t bytes) noexcept { max_cache_bytes_ = bytes; }
   size_t max_cache_bytes() const noexcept { return max_cache_bytes_; }
 
+  // The cache of prompt prefixes new sequences start from and prompts are stored in (null: none). It must be the
+  // cache of this batch's model (else an input_error). Sequences added before keep what they started from.
+  void set_prefix_cache(std::shared_ptr<PrefixCache> cache) {
+    if (cache && &cache->model() != model_)
+      throw input_error("Batch::set_prefix_cache: the PrefixCache belongs to another model");
+    prefix_ = std::move(cache);
+  }
+  const std::shared_ptr<PrefixCache>& prefix_cache() const noexcept { return prefix_; }
+
   // Sequences that have not finished.
   size_t active() const noexcept {
     size_t n = 0;
@@ -160,21 +180,12 @@ class Batch {
   // (the batch's own list, valid until the next compute() or step(): a step allocates nothing once the first
   // decode step has sized the buffers). Follow it with accept() for each (or use step(), which does both).
   const std::vector<SeqLogits>& compute() {
-    chunks_.clear();
-    order_.clear();
-    for (auto& [id, s] : seqs_) {
-      if (s.finished) continue;
-      const int64_t have = s.cache->size();
-      const int64_t pending = int64_t(s.tokens.size()) - have;
-      if (pending <= 0)
-        throw input_error("Batch::compute: sequence " + std::to_string(id) + " has no pending token (call accept)");
-      chunks_.push_back({s.cache.get(), s.tokens.data() + have, pending});
-      order_.push_back(id);
-    }
+    gather("compute", false);
     std::vector<SeqLogits>& out = logits_;
     out.clear();
     if (chunks_.empty()) return out;
     LogitsView lv = model_->forward(chunks_, *ws_);
+    store_prompts();
     for (size_t i = 0; i < order_.size(); ++i) out.push_back({order_[i], lv.row(int64_t(i)), lv.cols});
     return out;
   }
@@ -215,49 +226,19 @@ class Batch {
     bool speculates = false;
     for (auto& [id, s] : seqs_) speculates = speculates || (!s.finished && s.spec);
     if (!speculates) {  // compute() and accept(): the plain step
-      for (const SeqLogits& l : compute()) {
-        out.push_back(accept(l.seq, choose(l)));
-        out.back().logits = l.logits;
-        if (on_token && !on_token(out.back()) && !out.back().finished) stop(l.seq);
-      }
+      for (const SeqLogits& l : compute()) accept_chosen(l.seq, l.logits, l.size, on_token, out);
       return out;
     }
-    const int64_t vocab = model_->config().vocab_size;
-    chunks_.clear();
-    order_.clear();
-    live_.clear();
-    int64_t rows = 0;
-    for (auto& [id, s] : seqs_) {
-      if (s.finished) continue;
-      const int64_t have = s.cache->size();
-      const int64_t pending = int64_t(s.tokens.size()) - have;
-      if (pending <= 0)
-        throw input_error("Batch::step: sequence " + std::to_string(id) + " has no pending token (call accept)");
-      s.draft.clear();
-      if (s.spec && pending == 1)  // a decode step: proposals that could still be kept
-        s.spec->draft(s.tokens, s.opts.max_new_tokens - int64_t(s.tokens.size() - s.prompt_len) - 1, vocab, s.draft);
-      SequenceChunk ch{s.cache.get(), s.tokens.data() + have, pending};
-      if (!s.draft.empty()) {  // the pending token and the proposals, with every position's logits
-        s.pass.assign(1, s.tokens.back());
-        s.pass.insert(s.pass.end(), s.draft.begin(), s.draft.end());
-        ch = {s.cache.get(), s.pass.data(), int64_t(s.pass.size()), true};
-      }
-      s.row = rows;
-      rows += ch.all_logits ? ch.n : 1;
-      chunks_.push_back(ch);
-      order_.push_back(id);
-      live_.push_back(&s);
-    }
+    gather("step", true);
     if (chunks_.empty()) return out;
     const LogitsView lv = model_->forward(chunks_, *ws_);
+    store_prompts();  // (before verify: only the prompt's positions, which no rollback reaches)
     for (size_t i = 0; i < order_.size(); ++i) {
       const SeqId id = order_[i];
       Seq& s = *live_[i];
       const float* first = lv.row(s.row);
       if (!s.spec) {
-        out.push_back(accept(id, s.sampler.sample(first, lv.cols, s.tokens)));
-        out.back().logits = first;
-        if (on_token && !on_token(out.back()) && !out.back().finished) stop(id);
+        accept_chosen(id, first, lv.cols, on_token, out);
         continue;
       }
       const int64_t before = s.cache->size() - chunks_[i].n;
@@ -314,6 +295,7 @@ class Batch {
     std::vector<int32_t> draft, pass;  // step(): this pass's proposals; pending token + proposals
     int64_t row = 0;                   // step(): the sequence's first logits row in the pass
     std::unique_ptr<KvCache> cache;
+    bool store_prompt = false;  // the prompt goes to the PrefixCache once run
     bool finished = false;
     FinishReason reason = FinishReason::none;
   };
@@ -323,6 +305,55 @@ class Batch {
     return it->second;
   }
   const Seq& get(SeqId id, const char* what) const { return const_cast<Batch*>(this)->get(id, what); }
+  // The chunks of the next pass (chunks_, order_, live_ and each Seq::row): every active sequence's pending tokens.
+  // With `drafts`, a speculating sequence's decode step drafts, and its chunk is the pending token and the
+  // proposals, with every position's logits.
+  void gather(const char* who, bool drafts) {
+    const int64_t vocab = model_->config().vocab_size;
+    chunks_.clear();
+    order_.clear();
+    live_.clear();
+    int64_t rows = 0;
+    for (auto& [id, s] : seqs_) {
+      if (s.finished) continue;
+      const int64_t have = s.cache->size();
+      const int64_t pending = int64_t(s.tokens.size()) - have;
+      if (pending <= 0)
+        throw input_error(std::string("Batch::") + who + ": sequence " + std::to_string(id) +
+                          " has no pending token (call accept)");
+      s.draft.clear();
+      if (drafts && s.spec && pending == 1)  // a decode step: proposals that could still be kept
+        s.spec->draft(s.tokens, s.opts.max_new_tokens - int64_t(s.tokens.size() - s.prompt_len) - 1, vocab, s.draft);
+      SequenceChunk ch{s.cache.get(), s.tokens.data() + have, pending};
+      if (!s.draft.empty()) {
+        s.pass.assign(1, s.tokens.back());
+        s.pass.insert(s.pass.end(), s.draft.begin(), s.draft.end());
+        ch = {s.cache.get(), s.pass.data(), int64_t(s.pass.size()), true};
+      }
+      s.row = rows;
+      rows += ch.all_logits ? ch.n : 1;
+      chunks_.push_back(ch);
+      order_.push_back(id);
+      live_.push_back(&s);
+    }
+  }
+  // accept() of the token the sequence's sampler picks from its logits, into out and to on_token (false stops
+  // the sequence there).
+  void accept_chosen(SeqId id, const float* logits, int64_t n,
+                     const std::function<bool(const StepToken&)>& on_token, std::vector<StepToken>& out) {
+    Seq& s = get(id, "step");
+    out.push_back(accept(id, s.sampler.sample(logits, n, s.tokens)));
+    out.back().logits = logits;
+    if (on_token && !on_token(out.back()) && !out.back().finished) stop(id);
+  }
+  // After a pass: the prompts it completed go to the PrefixCache.
+  void store_prompts() {
+    for (auto& [id, s] : seqs_)
+      if (s.store_prompt && !s.finished && s.cache->size() >= int64_t(s.prompt_len)) {
+        s.store_prompt = false;
+        if (prefix_) prefix_->store(s.tokens.data(), int64_t(s.prompt_len), *s.cache);
+      }
+  }
   static void retire(Seq& s, FinishReason r) {
     s.finished = true;
     s.reason = r;
@@ -335,6 +366,7 @@ class Batch {
   std::map<SeqId, Seq> seqs_;  // ordered: passes are laid out in the order sequences joined
   SeqId next_id_ = 1;
   size_t max_cache_bytes_ = OPT_MAX_KV_BYTES;
+  std::shared_ptr<PrefixCache> prefix_;
   std::vector<SequenceChunk> chunks_;
   std::vector<SeqId> order_;
   std::vector<Seq*> live_;  // step(): the sequences of order_

@@ -33,7 +33,9 @@ function f32(model, desc) {
 // Runs a program; `ok` (default) requires the success half of the contract: exit 0, nothing on stderr.
 function run(prog, args, input, { ok = true } = {}) {
   const r = spawnSync(PROG[prog], args, { input: input ?? "", encoding: "utf8", maxBuffer: 1 << 28, timeout: 120000 });
-  assert.equal(r.error, undefined, String(r.error));
+  // a program that fails may exit before it has read all of its input: EPIPE on our side, its status and stderr
+  // still there to check
+  if (!(r.error?.code === "EPIPE" && !ok)) assert.equal(r.error, undefined, String(r.error));
   if (ok) {
     assert.equal(r.status, 0, `${prog} ${args.join(" ")}: exit ${r.status} ${r.signal ?? ""}\n${r.stderr}`);
     assert.equal(r.stderr, "", `${prog}: stderr on success`);
