@@ -15,6 +15,10 @@
 //   output for the same seed): --draft DIR (a draft model with the same vocabulary), --draft-self int8|int4 (the
 //   model's own weights quantized) or --lookup N (prompt lookup with n-grams up to N), --draft-tokens K (default 4);
 //   --stats adds the acceptance rate and tokens per pass.
+//
+//   Built with -DOPT_MPI=ON, `mpirun -np N opt-generate ...` (the same flags) splits the decoder layers over N
+//   ranks (opt/pipeline.hpp); rank 0 reads the input and prints exactly what one process prints; --stats adds the
+//   bytes the hand-offs moved, --peak-rss every rank's peak RSS.
 // Exit code 0 on success; on any error one line on stderr and a non-zero exit.
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -28,6 +32,7 @@
 #include <optional>
 
 #include "kv_cache_option.hpp"
+#include "pipeline_option.hpp"
 #include "speculation_option.hpp"
 
 namespace {
@@ -225,8 +230,10 @@ int run_jsonl(const Args& a, const opt::Model& model, const std::optional<opt::T
 }  // namespace
 
 int main(int argc, char** argv) {
+  PipelineRun pipe(argc, argv, "opt-generate");
   CLI::App app{"opt-generate: run an OPT model (greedy by default)"};
   Args a;
+  PipelineFlags pf;
   app.add_option("-m,--model", a.model, "model folder (config.json + model.safetensors, or pytorch_model.bin)")->required();
   app.add_option("-t,--tokenizer", a.tokenizer, "tokenizer folder (default: the model folder, if it has one)");
   app.add_option("-p,--prompt", a.prompts, "prompt text (repeat for a batch)");
@@ -253,9 +260,11 @@ int main(int argc, char** argv) {
   app.add_flag("--stats", a.stats, "--jsonl: print timing to stderr too; with a drafter, its acceptance rate");
   add_speculation_options(app, a.spec);
   app.add_flag("--no-stream", a.no_stream, "-p: print the answer at the end instead of streaming it");
+  add_pipeline_options(app, pf);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (pipe.rank() != 0) return e.get_exit_code();  // (rank 0 says it)
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     // the exit-code contract: one line on stderr (CLI11's exit() adds "Run with --help ...")
     std::cerr << "opt-generate: " << e.what() << " (see --help)\n";
@@ -264,22 +273,29 @@ int main(int argc, char** argv) {
   // sampling is on when any sampling flag is given
   a.sampling.do_sample = app.count("--temp") || app.count("--top-k") || app.count("--top-p") || app.count("--seed");
   try {
-    if (a.jsonl.empty() && a.prompts.empty()) throw opt::input_error("give -p PROMPT or --jsonl FILE|-");
+    if (pipe.rank() == 0 && a.jsonl.empty() && a.prompts.empty())
+      throw opt::input_error("give -p PROMPT or --jsonl FILE|-");
     Clock::time_point t0 = Clock::now();
     opt::LoadOptions lo;
     lo.quantize = a.quantize == "int8"   ? opt::quantization::int8
                   : a.quantize == "int4" ? opt::quantization::int4
                                          : opt::quantization::none;
     lo.quantize_lm_head = a.lm_head_int8;  // either flag (--lm-head-int8 is the older name)
-    opt::Model model = opt::Model::load(a.model, lo);
+    opt::Model model = opt::Model::load(a.model, pipe.load_options(lo, a.model));
+    if (pipe.rank() > 0) {  // a stage: only its layers, until rank 0 is done
+      const int rc = pipe.serve(model, a.threads, pf);
+      if (pf.peak_rss) pipe.print_peak_rss(&model);
+      return rc;
+    }
+    pipe.attach(model);
     std::optional<opt::Tokenizer> tok = load_tokenizer(a);
     const double load_s = seconds(t0, Clock::now());
-    return a.jsonl.empty() ? run_prompts(a, model, tok, load_s) : run_jsonl(a, model, tok, load_s);
+    const int rc = a.jsonl.empty() ? run_prompts(a, model, tok, load_s) : run_jsonl(a, model, tok, load_s);
+    pipe.finish();
+    if (a.stats) pipe.print_traffic();
+    if (pf.peak_rss) pipe.print_peak_rss(&model);
+    return rc;
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    for (char& c : msg)
-      if (c == '\n') c = ' ';
-    std::cerr << "opt-generate: " << msg << '\n';
-    return 1;
+    return pipe.fail(e.what());
   }
 }

@@ -44,6 +44,9 @@
 // its end; then the server stops and exits 0. If the drain is not over after S seconds, or a second signal
 // comes, the requests still running or waiting end with "server shutting down" and the process exits 1, so that
 // a supervisor can tell a drain that lost work from one that did not.
+//
+// Built with -DOPT_MPI=ON, `mpirun -np N opt-serve ...` (the same flags) splits the decoder layers over N ranks
+// (opt/pipeline.hpp): rank 0 serves HTTP and runs the batch, the other ranks only compute their layers of each step.
 #include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
@@ -65,6 +68,7 @@
 #include <vector>
 
 #include "../kv_cache_option.hpp"
+#include "../pipeline_option.hpp"
 #include "../speculation_option.hpp"
 #include "api.hpp"
 #include "http.hpp"
@@ -101,6 +105,25 @@ std::string read_key_file(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // SIGINT/SIGTERM are taken by an Asio signal_set on the main thread; every other thread blocks them (blocked
+  // here, before MPI starts its own threads). Under mpirun SIGUSR1 too: mpirun ends the job at once on SIGINT/SIGTERM, but passes SIGUSR1
+  // to every rank, so it is the clean shutdown (rank 0 answers what it can, then stops the other ranks, which wait
+  // for that). SIGPIPE: a client that went away makes writes fail instead of killing the process.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  PipelineRun pipe(argc, argv, "opt-serve");
+  if (!pipe.pipelined()) {  // one process: SIGUSR1 keeps its default action
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr);
+    sigdelset(&sigs, SIGUSR1);
+  }
+  PipelineFlags pf;
   ServerOptions o;
   std::string api_key, api_key_file;
   CLI::App app{"Serve an OPT model over HTTP: /generate, OpenAI /v1/completions (with streaming), a web page",
@@ -150,16 +173,25 @@ int main(int argc, char** argv) {
   app.add_option("--cache-block-tokens", o.cache_block_tokens, "prefix cache: tokens per cached block")
       ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   add_speculation_options(app, o.spec);
+  add_pipeline_options(app, pf);
   CLI11_PARSE(app, argc, argv);
+  // Under mpirun the prefix cache is off: the other ranks' layers of a cached prefix are not kept anywhere.
+  if (pipe.pipelined()) o.cache_bytes = 0;
 
-  // SIGINT/SIGTERM are taken by an Asio signal_set on the main thread: every other thread (created while they are
-  // blocked here) blocks them, so no compute or I/O thread sees a system call interrupted. SIGPIPE: a client that
-  // went away makes writes fail instead of killing the process.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  if (pipe.rank() > 0) {  // a pipeline stage: its layers of every step, until rank 0 stops
+    // (its signals stay blocked: rank 0 shuts down on them, then tells this one)
+    try {
+      const opt::Model part = opt::Model::load(o.model_dir, pipe.load_options({}, o.model_dir));
+      const int rc = pipe.serve(part, o.threads, pf);
+      if (pf.peak_rss) pipe.print_peak_rss(&part);
+      return rc;
+    } catch (const std::exception& e) {
+      return pipe.fail(e.what());
+    }
+  }
+
+  // (SIGINT/SIGTERM, and SIGUSR1 under mpirun, are blocked since the start of main: they come to the Asio
+  // signal_set below, on this thread, once every other thread exists.)
   signal(SIGPIPE, SIG_IGN);
 
   const rlim_t files = raise_file_limit();
@@ -178,7 +210,9 @@ int main(int argc, char** argv) {
     if (o.model_name.empty()) o.model_name = fs::path(o.model_dir).lexically_normal().filename().string();
     if (o.model_name.empty()) o.model_name = fs::path(o.model_dir).lexically_normal().parent_path().filename().string();
     auto t0 = Clock::now();
-    s = std::make_unique<Server>(o, opt::Model::load(o.model_dir), opt::Tokenizer::from_dir(tdir));
+    opt::Model model = opt::Model::load(o.model_dir, pipe.load_options({}, o.model_dir));
+    pipe.attach(model);  // under mpirun: the other ranks run the layers beyond this one's
+    s = std::make_unique<Server>(o, std::move(model), opt::Tokenizer::from_dir(tdir));
     s->api_key = api_key;
     RequestRules rules;
     rules.context = s->context();
@@ -194,6 +228,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "opt-serve: speculative decoding: %s, K<=%lld\n", drafter_name.c_str(),
                    (long long)o.spec.draft_tokens);
   } catch (const std::exception& e) {
+    if (pipe.pipelined()) return pipe.fail(e.what());
     std::fprintf(stderr, "opt-serve: %s\n", e.what());
     return 1;
   }
@@ -206,11 +241,13 @@ int main(int argc, char** argv) {
   try {
     port = http.listen(o.host, o.port);
   } catch (const std::exception& e) {
+    if (pipe.pipelined()) return pipe.fail(e.what());
     std::fprintf(stderr, "opt-serve: %s\n", e.what());
     return 1;
   }
   // The signals: the first starts the stop (a drain first with --drain-timeout), a second one cuts a drain short.
   net::signal_set signals(ioc, SIGINT, SIGTERM);
+  if (pipe.pipelined()) signals.add(SIGUSR1);  // mpirun's clean shutdown (see above)
   std::mutex stop_mu;
   std::condition_variable stop_cv;
   int signals_seen = 0, first_signal = 0;
@@ -235,7 +272,7 @@ int main(int argc, char** argv) {
     std::unique_lock<std::mutex> lk(stop_mu);
     stop_cv.wait(lk, [&] { return signals_seen > 0 || io_over; });
     if (signals_seen == 0) return;  // the I/O threads ended on their own
-    const char* name = first_signal == SIGINT ? "SIGINT" : "SIGTERM";
+    const char* name = first_signal == SIGINT ? "SIGINT" : first_signal == SIGTERM ? "SIGTERM" : "SIGUSR1";
     if (o.drain_timeout_s > 0) {
       std::fprintf(stderr, "opt-serve: %s, draining (at most %d s), then shutting down\n", name, o.drain_timeout_s);
       http.begin_drain();  // every answer closes its connection
@@ -278,6 +315,8 @@ int main(int argc, char** argv) {
   stop_cv.notify_all();
   stopper.join();
   if (!srv.sched->stopping()) srv.sched->shutdown();
+  pipe.finish();  // (the scheduler has stopped: no pass is running)
+  if (pf.peak_rss) pipe.print_peak_rss(&srv.model);
   std::fprintf(stderr, "opt-serve: stopped\n");
   return exit_code;
 }

@@ -141,7 +141,7 @@ class Batch {
       s.finished = true;
       s.reason = FinishReason::length;
     } else {
-      s.cache = std::make_unique<KvCache>(c, need, opts.kv_cache);
+      s.cache = std::make_unique<KvCache>(c, need, opts.kv_cache, model_->layers());  // (a stage's: its layers)
       if (prefix_ && opts.prefix_cache) {  // a cached prefix, leaving a token for the pass that gives the logits
         prefix_->load(s.tokens.data(), len, len - 1, *s.cache);
         s.store_prompt = true;

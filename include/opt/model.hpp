@@ -79,29 +79,44 @@ struct TensorSlot {
   MatrixRef* matrix = nullptr;  // 2-D weights stay in their stored dtype (F32/F16/BF16)
   const float** vec = nullptr;  // 1-D parameters are held as float
   PackedMatrix* packed = nullptr;  // linear weights: their panels (a stored packed folder has only these, packed.hpp)
+  int64_t layer = -1;        // the decoder layer it belongs to; -1: none (the embeddings or the head)
+  bool embeddings = false;   // part of the embeddings (embed_tokens, embed_positions, project_in)
+  bool head = false;         // part of the head (final_layer_norm, project_out, embed_tokens as the tied LM head)
 };
 
 template <class F>
 void for_each_tensor(const Config& c, ModelWeights& w, F&& visit) {
   const int64_t H = c.hidden_size, E = c.word_embed_proj_dim, V = c.vocab_size, F_ = c.ffn_dim;
-  visit(TensorSlot{"embed_tokens.weight", {V, E}, &w.embed_tokens, nullptr});
-  visit(TensorSlot{"embed_positions.weight", {c.max_position_embeddings + 2, H}, &w.embed_positions, nullptr});
+  int64_t layer = -1;
+  bool embeddings = false, head = false;
+  const auto part = [&](TensorSlot s) {
+    s.layer = layer, s.embeddings = embeddings, s.head = head;
+    visit(s);
+  };
+  embeddings = head = true;
+  part(TensorSlot{"embed_tokens.weight", {V, E}, &w.embed_tokens, nullptr});
+  head = false;
+  part(TensorSlot{"embed_positions.weight", {c.max_position_embeddings + 2, H}, &w.embed_positions, nullptr});
   if (c.has_projections()) {
-    visit(TensorSlot{"project_in.weight", {H, E}, &w.project_in, nullptr, &w.project_in_packed});
-    visit(TensorSlot{"project_out.weight", {E, H}, &w.project_out, nullptr, &w.project_out_packed});
+    part(TensorSlot{"project_in.weight", {H, E}, &w.project_in, nullptr, &w.project_in_packed});
+    embeddings = false, head = true;
+    part(TensorSlot{"project_out.weight", {E, H}, &w.project_out, nullptr, &w.project_out_packed});
   }
+  embeddings = false, head = true;
   auto ln = [&](const std::string& name, LayerNormWeights& l) {
     if (!c.layer_norm_elementwise_affine) return;
-    visit(TensorSlot{name + ".weight", {H}, nullptr, &l.weight});
-    visit(TensorSlot{name + ".bias", {H}, nullptr, &l.bias});
+    part(TensorSlot{name + ".weight", {H}, nullptr, &l.weight});
+    part(TensorSlot{name + ".bias", {H}, nullptr, &l.bias});
   };
   auto lin = [&](const std::string& name, LinearWeights& l, int64_t out, int64_t in) {
-    visit(TensorSlot{name + ".weight", {out, in}, &l.weight, nullptr, &l.packed});
-    if (c.enable_bias) visit(TensorSlot{name + ".bias", {out}, nullptr, &l.bias});
+    part(TensorSlot{name + ".weight", {out, in}, &l.weight, nullptr, &l.packed});
+    if (c.enable_bias) part(TensorSlot{name + ".bias", {out}, nullptr, &l.bias});
   };
   if (c.has_final_layer_norm()) ln("final_layer_norm", w.final_layer_norm);
+  head = false;
   w.layers.resize(size_t(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layer = i;
     const std::string p = "layers." + std::to_string(i) + ".";
     DecoderLayerWeights& L = w.layers[size_t(i)];
     lin(p + "self_attn.q_proj", L.q_proj, H, H);
@@ -128,6 +143,13 @@ inline const char* kv_cache_type_name(dtype t) noexcept {
   return t == dtype::F32 ? "f32" : t == dtype::F16 ? "f16" : t == dtype::BF16 ? "bf16" : "?";
 }
 
+// Decoder layers [first, last) (last = -1: to the end): the part of the model a pipeline stage holds.
+struct LayerRange {
+  int64_t first = 0, last = -1;
+  int64_t size() const noexcept { return last - first; }
+  bool operator==(const LayerRange& o) const noexcept { return first == o.first && last == o.last; }
+};
+
 // Per-sequence attention state: the keys and values of every position seen so far, for every layer, as F32
 // (default), F16 or BF16 elements.
 class KvCache {
@@ -135,14 +157,21 @@ class KvCache {
   KvCache() = default;
   // Room for `capacity` positions (default: the model's context, max_position_embeddings) of element type `type`
   // (F32, F16 or BF16; an input_error otherwise).
-  explicit KvCache(const Config& c, int64_t capacity = 0, dtype type = dtype::F32) {
+  // `layers`: the decoder layers it holds (default: all; a pipeline stage's cache holds its Model's layers()).
+  explicit KvCache(const Config& c, int64_t capacity = 0, dtype type = dtype::F32, LayerRange layers = {}) {
     if (capacity <= 0) capacity = c.max_position_embeddings;
     if (capacity > c.max_position_embeddings)
       throw input_error("KvCache: capacity " + std::to_string(capacity) + " exceeds max_position_embeddings " +
                         std::to_string(c.max_position_embeddings));
     if (!ops::attention_cache_type(type))
       throw input_error(std::string("KvCache: element type ") + to_string(type) + " (expected F32, F16 or BF16)");
-    layers_ = c.num_hidden_layers;
+    if (layers.last < 0) layers.last = c.num_hidden_layers;
+    if (layers.first < 0 || layers.first > layers.last || layers.last > c.num_hidden_layers)
+      throw input_error("KvCache: layers [" + std::to_string(layers.first) + ", " + std::to_string(layers.last) +
+                        ") of a model of " + std::to_string(c.num_hidden_layers));
+    model_layers_ = c.num_hidden_layers;
+    first_ = layers.first;
+    layers_ = layers.size();
     hidden_ = c.hidden_size;
     heads_ = c.num_attention_heads;
     head_dim_ = c.hidden_size / c.num_attention_heads;
@@ -179,7 +208,9 @@ class KvCache {
   int64_t head_stride() const noexcept { return capacity_ * head_dim_; }
   int64_t hidden() const noexcept { return hidden_; }
   int64_t heads() const noexcept { return heads_; }
-  int64_t layers() const noexcept { return layers_; }
+  int64_t layers() const noexcept { return layers_; }  // layers held: [first_layer(), first_layer() + layers())
+  int64_t first_layer() const noexcept { return first_; }
+  int64_t model_layers() const noexcept { return model_layers_; }  // num_hidden_layers of its model
   void advance(int64_t n) noexcept { size_ += n; }
   // Writes n new positions [size(), size() + n) of `layer` from rows k_rows, v_rows [n, hidden] (heads side by
   // side); F16 and BF16 round each value to nearest even (a NaN stays a NaN, beyond the range gives infinity).
@@ -195,7 +226,7 @@ class KvCache {
 
  private:
   size_t layer_offset(int64_t layer) const noexcept {
-    return size_t(layer) * size_t(capacity_) * size_t(hidden_) * esize_;
+    return size_t(layer - first_) * size_t(capacity_) * size_t(hidden_) * esize_;
   }
   template <class E, class Round>
   void store_as(int64_t layer, const float* k_rows, const float* v_rows, int64_t n, Round round) noexcept {
@@ -211,6 +242,7 @@ class KvCache {
   }
 
   int64_t layers_ = 0, hidden_ = 0, heads_ = 0, head_dim_ = 0, capacity_ = 0, size_ = 0;
+  int64_t first_ = 0, model_layers_ = 0;
   dtype type_ = dtype::F32;
   size_t esize_ = 4;
   ops::aligned_vector<std::byte> k_, v_;  // [layers, heads, capacity, head_dim] elements, 64-byte aligned
@@ -303,6 +335,17 @@ struct ForwardOptions {
 
 enum class quantization { none, int8, int4 };
 
+// The layers a Model does not hold, run somewhere else: the rest of a pipeline (opt/pipeline.hpp runs them on
+// other MPI ranks). Model::forward hands it the residual stream after its own layers and reads back the output of
+// the model's last layer, before the caches advance.
+class RemoteLayers {
+ public:
+  virtual ~RemoteLayers() = default;
+  // hidden: [rows, dim] row-major, the chunks' tokens in chunk order (each chunk's cache still at its size before
+  // the pass); replaced in place by the output of the last decoder layer. Throws opt::error on failure.
+  virtual void run(const std::vector<SequenceChunk>& chunks, float* hidden, int64_t rows, int64_t dim) = 0;
+};
+
 struct LoadOptions {
   bool strict = true;  // unexpected tensors in the checkpoint are an error (else listed in unexpected_tensors())
   // int8 / int4: every linear layer's weight becomes int8 / int4 with one f32 scale per row and block of columns
@@ -315,6 +358,12 @@ struct LoadOptions {
   // the older name of the same switch (either one set turns it on)
   bool quantize_lm_head = false;
   bool lm_head_int8 = false;
+  // Part of the model only (a pipeline stage, opt/pipeline.hpp): the decoder layers `layers`, the embeddings
+  // (embed_tokens, embed_positions, project_in) when `embeddings`, the head (final_layer_norm, project_out and the
+  // LM head tied to embed_tokens) when `head`. The other tensors are neither bound nor checked nor read (their
+  // pages are never touched), and are not unexpected. The default: the whole model.
+  LayerRange layers;
+  bool embeddings = true, head = true;
   bool lm_head_quantized() const noexcept {
     return quantize != quantization::none && (quantize_lm_head || lm_head_int8);
   }
@@ -359,6 +408,26 @@ class Model {
   const std::string& tensor_prefix() const noexcept { return prefix_; }
   // The scheme of a stored packed folder (packed.hpp), whose panels run from the file mapping; nullopt otherwise.
   const std::optional<PackedScheme>& stored_scheme() const noexcept { return scheme_; }
+  // The part of the model held (LoadOptions::layers, embeddings, head): all of it unless loaded as a stage.
+  LayerRange layers() const noexcept { return layers_; }
+  bool has_embeddings() const noexcept { return embeddings_; }
+  bool has_head() const noexcept { return head_; }
+  // Hands the layers beyond layers().last to `remote` (a pipeline, opt/pipeline.hpp): forward() then runs the
+  // embeddings, the layers held, remote->run, and the head. Needs the embeddings, the head and layers from 0; null
+  // detaches it. Copies of the Model share the remote; a pass through it holds it for the whole pass.
+  void set_remote_layers(std::shared_ptr<RemoteLayers> remote) {
+    if (remote && (!embeddings_ || !head_ || layers_.first != 0))
+      throw input_error("set_remote_layers: this Model holds " + part_string() +
+                        "; a remote stage needs a Model with the embeddings, the head and layers from 0");
+    remote_ = std::move(remote);
+  }
+  const std::shared_ptr<RemoteLayers>& remote_layers() const noexcept { return remote_; }
+  // "layers [a, b) of L, the embeddings, the head" (for messages).
+  std::string part_string() const {
+    return "layers [" + std::to_string(layers_.first) + ", " + std::to_string(layers_.last) + ") of " +
+           std::to_string(config_.num_hidden_layers) + (embeddings_ ? ", the embeddings" : "") +
+           (head_ ? ", the head" : "");
+  }
   // Bytes of weight matrices the model holds in its own memory: panels packed (and quantized) at load, and
   // tensors copied for alignment. 0 for a stored packed folder read from files: everything runs from the mapping.
   size_t owned_weight_bytes() const noexcept {
@@ -381,33 +450,115 @@ class Model {
   // with opts.all_logits), in chunk order.
   LogitsView forward(const std::vector<SequenceChunk>& chunks, Workspace& ws, const ForwardOptions& opts = {}) const {
     const Config& c = config_;
-    const int64_t H = c.hidden_size, E = c.word_embed_proj_dim, V = c.vocab_size;
-    const int64_t nh = c.num_attention_heads, hd = c.head_dim();
-    int64_t N = 0, max_len = 0;
-    if (chunks.empty()) throw input_error("forward: empty batch (no sequences)");
-    for (size_t s = 0; s < chunks.size(); ++s) {
-      const SequenceChunk& ch = chunks[s];
-      if (!ch.cache) throw input_error("forward: sequence " + std::to_string(s) + " has no KvCache");
-      if (ch.n <= 0) throw input_error("forward: sequence " + std::to_string(s) + " has no new tokens");
-      if (ch.cache->layers() != c.num_hidden_layers || ch.cache->hidden() != H ||
-          ch.cache->heads() != c.num_attention_heads)
-        throw input_error("forward: sequence " + std::to_string(s) + " has a KvCache made for another model");
-      if (ch.cache->size() + ch.n > ch.cache->capacity())
-        throw input_error("forward: sequence " + std::to_string(s) + " needs " +
-                          std::to_string(ch.cache->size() + ch.n) + " positions, beyond its KvCache capacity " +
-                          std::to_string(ch.cache->capacity()) + " (max_position_embeddings " +
-                          std::to_string(c.max_position_embeddings) + ")");
-      for (int64_t j = 0; j < ch.n; ++j)
-        if (ch.ids[j] < 0 || ch.ids[j] >= V)
-          throw input_error("forward: token id " + std::to_string(ch.ids[j]) + " (sequence " + std::to_string(s) +
-                            ", index " + std::to_string(j) + ") is outside the vocabulary [0, " + std::to_string(V) +
-                            ")");
-      N += ch.n;
-      max_len = std::max(max_len, ch.cache->capacity());  // scores sized for the whole cache: no regrowth per step
-    }
+    const int64_t H = c.hidden_size, V = c.vocab_size;
+    int64_t max_len = 0;
+    const int64_t N = check_chunks(chunks, "forward", true, max_len);
+    if (!embeddings_ || !head_ || layers_.first != 0 || (layers_.last != c.num_hidden_layers && !remote_))
+      throw input_error("forward: this Model holds " + part_string() +
+                        "; a whole pass needs the embeddings, the head and every layer (held, or run by the remote "
+                        "stage of set_remote_layers)");
+    if (remote_ && opts.hidden_states)
+      throw input_error("forward: hidden_states are not available when layers run on a remote stage");
     int64_t n_logits = 0;
     for (const SequenceChunk& ch : chunks) n_logits += opts.all_logits || ch.all_logits ? ch.n : 1;
     ws.reserve(c, N, n_logits, max_len);
+    float* x = ws.x.data();  // [N, H] the residual stream
+    embed(chunks, ws);
+    capture(opts.hidden_states, x, N * H);
+    run_layers(chunks, ws, N, max_len, opts.hidden_states);
+    if (remote_) remote_->run(chunks, x, N, H);  // layers [layers().last, num_hidden_layers), before the caches move
+    for (const SequenceChunk& ch : chunks) ch.cache->advance(ch.n);
+    head(chunks, ws, N, n_logits, opts);
+    return LogitsView{ws.logits.data(), n_logits, V};
+  }
+
+  // A pipeline stage's part of a pass: the decoder layers this Model holds (layers()) over `hidden`, the [tokens,
+  // hidden_size] row-major output of the layer before them for the chunks' tokens (in chunk order), replaced by
+  // the output of the last one. Each chunk's keys and values go to its cache at positions [size(), size() + n),
+  // and the caches advance; the chunks' ids are not read (they may be null). The same bits as forward()'s layers.
+  void forward_layers(const std::vector<SequenceChunk>& chunks, float* hidden, Workspace& ws) const {
+    const int64_t H = config_.hidden_size;
+    int64_t max_len = 0;
+    const int64_t N = check_chunks(chunks, "forward_layers", false, max_len);
+    ws.reserve(config_, N, 0, max_len);
+    std::copy(hidden, hidden + N * H, ws.x.data());
+    run_layers(chunks, ws, N, max_len, nullptr);
+    for (const SequenceChunk& ch : chunks) ch.cache->advance(ch.n);
+    std::copy(ws.x.data(), ws.x.data() + N * H, hidden);
+  }
+
+ private:
+  static void capture(std::vector<std::vector<float>>* hs, const float* src, int64_t n) {
+    if (hs) hs->emplace_back(src, src + n);
+  }
+
+  // The checks every pass makes on its chunks (ids too when `ids`); returns the number of tokens and sets max_len
+  // to the largest cache capacity.
+  int64_t check_chunks(const std::vector<SequenceChunk>& chunks, const char* what, bool ids, int64_t& max_len) const {
+    const Config& c = config_;
+    const std::string w = what;
+    int64_t N = 0;
+    max_len = 0;
+    if (chunks.empty()) throw input_error(w + ": empty batch (no sequences)");
+    for (size_t s = 0; s < chunks.size(); ++s) {
+      const SequenceChunk& ch = chunks[s];
+      if (!ch.cache) throw input_error(w + ": sequence " + std::to_string(s) + " has no KvCache");
+      if (ch.n <= 0) throw input_error(w + ": sequence " + std::to_string(s) + " has no new tokens");
+      if (ch.cache->model_layers() != c.num_hidden_layers || ch.cache->hidden() != c.hidden_size ||
+          ch.cache->heads() != c.num_attention_heads)
+        throw input_error(w + ": sequence " + std::to_string(s) + " has a KvCache made for another model");
+      if (ch.cache->first_layer() > layers_.first || ch.cache->first_layer() + ch.cache->layers() < layers_.last)
+        throw input_error(w + ": sequence " + std::to_string(s) + " has a KvCache of layers [" +
+                          std::to_string(ch.cache->first_layer()) + ", " +
+                          std::to_string(ch.cache->first_layer() + ch.cache->layers()) + "); this Model holds " +
+                          part_string());
+      if (ch.cache->size() + ch.n > ch.cache->capacity())
+        throw input_error(w + ": sequence " + std::to_string(s) + " needs " +
+                          std::to_string(ch.cache->size() + ch.n) + " positions, beyond its KvCache capacity " +
+                          std::to_string(ch.cache->capacity()) + " (max_position_embeddings " +
+                          std::to_string(c.max_position_embeddings) + ")");
+      for (int64_t j = 0; ids && j < ch.n; ++j)
+        if (ch.ids[j] < 0 || ch.ids[j] >= c.vocab_size)
+          throw input_error(w + ": token id " + std::to_string(ch.ids[j]) + " (sequence " + std::to_string(s) +
+                            ", index " + std::to_string(j) + ") is outside the vocabulary [0, " +
+                            std::to_string(c.vocab_size) + ")");
+      N += ch.n;
+      max_len = std::max(max_len, ch.cache->capacity());  // scores sized for the whole cache: no regrowth per step
+    }
+    return N;
+  }
+
+  // ---- embeddings: inputs_embeds = embed_tokens(ids) (row indexing); project_in; + embed_positions -> ws.x ----
+  void embed(const std::vector<SequenceChunk>& chunks, Workspace& ws) const {
+    const Config& c = config_;
+    const int64_t H = c.hidden_size, E = c.word_embed_proj_dim;
+    float* x = ws.x.data();  // [N, H]
+    float* h = ws.h.data();  // scratch: one position row
+    float* e = ws.e.data();  // [N, E] token embeddings before project_in
+    int64_t N = 0;
+    for (const SequenceChunk& ch : chunks) {
+      detail::embedding_rows(w_.embed_tokens, ch.ids, ch.n, e + N * E);
+      N += ch.n;
+    }
+    if (c.has_projections()) ops::linear(ws.pool(), e, N, w_.project_in_packed, nullptr, x);  // [N,E] x [H,E]ᵀ
+    else std::copy(e, e + N * H, x);
+    // positions: the cache size is the count of real tokens before this one (cumsum(mask) - 1)
+    int64_t r = 0;
+    for (const SequenceChunk& ch : chunks)
+      for (int64_t j = 0; j < ch.n; ++j, ++r) {
+        ops::row_to_f32(w_.embed_positions, position_row(ch.cache->size() + j), h);
+        float* xr = x + r * H;
+        for (int64_t d = 0; d < H; ++d) xr[d] += h[d];
+      }
+  }
+
+  // The decoder layers this Model holds, over the residual stream ws.x [N, H] (ws reserved for the pass); each
+  // chunk's keys and values are stored at its cache's size() (the caller advances the caches afterwards).
+  void run_layers(const std::vector<SequenceChunk>& chunks, Workspace& ws, int64_t N, int64_t max_len,
+                  std::vector<std::vector<float>>* hidden_states) const {
+    const Config& c = config_;
+    const int64_t H = c.hidden_size;
+    const int64_t nh = c.num_attention_heads, hd = c.head_dim();
     ThreadPool& pool = ws.pool();
     std::vector<int64_t>& row0 = ws.rows;
     row0.resize(chunks.size());
@@ -416,35 +567,11 @@ class Model {
     float* h = ws.h.data();  // [N, max(H, E, ffn)] scratch
     float* q = ws.q.data();  // [N, H]
     float* a = ws.a.data();  // [N, H] attention output
-    float* e = ws.e.data();  // [N, E] token embeddings before project_in
     float* kb = ws.k.data();  // [N, H] new keys
     float* vb = ws.v.data();  // [N, H] new values
-    auto capture = [&](const float* src, int64_t dim) {
-      if (opts.hidden_states) opts.hidden_states->emplace_back(src, src + N * dim);
-    };
-
-    // ---- embeddings: inputs_embeds = embed_tokens(ids) (row indexing); project_in; + embed_positions ----
-    {
-      int64_t r = 0;
-      for (const SequenceChunk& ch : chunks) {
-        detail::embedding_rows(w_.embed_tokens, ch.ids, ch.n, e + r * E);
-        r += ch.n;
-      }
-      if (c.has_projections()) ops::linear(pool, e, N, w_.project_in_packed, nullptr, x);  // [N,E] x [H,E]ᵀ -> [N,H]
-      else std::copy(e, e + N * H, x);
-      // positions: the cache size is the count of real tokens before this one (cumsum(mask) - 1)
-      r = 0;
-      for (const SequenceChunk& ch : chunks)
-        for (int64_t j = 0; j < ch.n; ++j, ++r) {
-          ops::row_to_f32(w_.embed_positions, position_row(ch.cache->size() + j), h);
-          float* xr = x + r * H;
-          for (int64_t d = 0; d < H; ++d) xr[d] += h[d];
-        }
-    }
-    capture(x, H);
 
     const float scaling = 1.0f / std::sqrt(float(hd));
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int64_t l = layers_.first; l < layers_.last; ++l) {
       const DecoderLayerWeights& L = w_.layers[size_t(l)];
       // ---- self-attention block ----
       const float* attn_in = x;
@@ -515,11 +642,18 @@ class Model {
       ops::linear(pool, ffn_in, N, L.fc1.packed, L.fc1.bias, h, act);  // act([N,H] x [F,H]ᵀ) -> [N,F]
       ops::linear(pool, h, N, L.fc2.packed, L.fc2.bias, x, res);       // x += [N,F] x [H,F]ᵀ
       if (!c.do_layer_norm_before) layer_norm(pool, x, N, L.final_layer_norm, x);
-      if (l + 1 < c.num_hidden_layers) capture(x, H);
+      if (l + 1 < c.num_hidden_layers) capture(hidden_states, x, N * H);
     }
-    for (const SequenceChunk& ch : chunks) ch.cache->advance(ch.n);
+  }
 
-    // ---- final LayerNorm, project_out, tied LM head, for the rows whose logits are wanted ----
+  // ---- final LayerNorm, project_out, tied LM head, for the rows whose logits are wanted -> ws.logits ----
+  void head(const std::vector<SequenceChunk>& chunks, Workspace& ws, int64_t N, int64_t n_logits,
+            const ForwardOptions& opts) const {
+    const Config& c = config_;
+    const int64_t H = c.hidden_size, E = c.word_embed_proj_dim;
+    ThreadPool& pool = ws.pool();
+    float* x = ws.x.data();  // [N, H] the residual stream after the last layer
+    float* e = ws.e.data();  // [N, E]
     float* last = ws.last.data();  // [n_logits, max(H,E)]
     auto select_rows = [&](const float* src, int64_t dim, float* dst) {
       if (opts.all_logits) {
@@ -542,7 +676,7 @@ class Model {
         ops::linear(pool, x, N, w_.project_out_packed, nullptr, e);  // [N,H] x [E,H]ᵀ -> [N,E]
         fin = e;
       }
-      capture(fin, E);
+      capture(opts.hidden_states, fin, N * E);
       select_rows(fin, E, last);
     } else {
       select_rows(x, H, last);
@@ -553,10 +687,8 @@ class Model {
       }
     }
     ops::linear(pool, last, n_logits, w_.lm_head(), nullptr, ws.logits.data());  // [n,E] x [V,E]ᵀ -> [n,V]
-    return LogitsView{ws.logits.data(), n_logits, V};
   }
 
- private:
   // Rows are independent: split over threads only when there are enough of them (prefill).
   void layer_norm(ThreadPool& pool, const float* in, int64_t n, const LayerNormWeights& ln, float* out) const {
     const int64_t d = config_.hidden_size;
@@ -585,6 +717,14 @@ class Model {
     std::string where = ck.files().empty() ? std::string("checkpoint") : ck.files().front().path();
     if (ck.files().size() > 1) where += " (+" + std::to_string(ck.files().size() - 1) + " shards)";
     scheme_ = stored_scheme_of(ck, opts);
+    const int64_t n_layers = config_.num_hidden_layers;
+    layers_ = {opts.layers.first, opts.layers.last < 0 ? n_layers : opts.layers.last};
+    if (layers_.first < 0 || layers_.first > layers_.last || layers_.last > n_layers)
+      throw config_error("LoadOptions::layers = [" + std::to_string(opts.layers.first) + ", " +
+                         std::to_string(opts.layers.last) + "): expected 0 <= first <= last <= num_hidden_layers " +
+                         std::to_string(n_layers) + " (last -1: to the end)");
+    embeddings_ = opts.embeddings;
+    head_ = opts.head;
     std::set<std::string> used;
     std::vector<std::string> missing;
     // A packed weight: its .panels (+ .scales) viewed in place, checked against config.json's shape.
@@ -600,6 +740,12 @@ class Model {
     };
     for_each_tensor(config_, w_, [&](const TensorSlot& slot) {
       const std::string full = prefix_ + slot.name;
+      const bool held = slot.layer >= 0 ? slot.layer >= layers_.first && slot.layer < layers_.last
+                                         : (slot.embeddings && embeddings_) || (slot.head && head_);
+      if (!held) {  // another stage's: not bound, not read, not unexpected
+        for (const std::string& n : {full, packed_panels_name(full), packed_scales_name(full)}) used.insert(n);
+        return;
+      }
       if (scheme_ && slot.packed) {
         *slot.packed = bind_packed(full, scheme_->weight, scheme_->weight_block, slot.shape[0], slot.shape[1]);
         return;
@@ -643,7 +789,10 @@ class Model {
       if (missing.size() > 8) list += ", ... (" + std::to_string(missing.size()) + " in all)";
       throw tensor_error(where + ": missing tensor" + (missing.size() > 1 ? "s " : " ") + list);
     }
-    if (scheme_) {
+    if (scheme_ && !head_) {
+      for (const std::string& n : {packed_panels_name("lm_head.weight"), packed_scales_name("lm_head.weight")})
+        used.insert(n);
+    } else if (scheme_) {
       w_.lm_head_packed = bind_packed("lm_head.weight", scheme_->lm_head, scheme_->lm_head_block, config_.vocab_size,
                                       config_.word_embed_proj_dim);
       if (!w_.lm_head_packed)
@@ -734,7 +883,7 @@ class Model {
     w_.project_out_packed = pack(w_.project_out, q8);
     release_pages(w_.project_in);
     release_pages(w_.project_out);
-    w_.lm_head_packed = pack(w_.embed_tokens, opts.lm_head_quantized());
+    if (head_) w_.lm_head_packed = pack(w_.embed_tokens, opts.lm_head_quantized());
     release_pages(w_.embed_tokens);
   }
   // Drops the pages of m's bytes when they lie inside a file mapping of the checkpoint (never heap memory: a
@@ -774,6 +923,9 @@ class Model {
       std::make_shared<std::deque<std::vector<std::byte>>>();
   std::vector<std::pair<const std::byte*, size_t>> mappings_;  // the checkpoint's file mappings
   std::optional<PackedScheme> scheme_;  // a stored packed folder's scheme
+  LayerRange layers_;                   // the part held (LoadOptions::layers, resolved)
+  bool embeddings_ = true, head_ = true;
+  std::shared_ptr<RemoteLayers> remote_;  // the layers beyond layers_.last (set_remote_layers)
 };
 
 OPT_NAMESPACE_END
