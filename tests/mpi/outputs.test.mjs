@@ -5,40 +5,8 @@
 // OPT_MPIEXEC = mpirun, on loopback with --oversubscribe (the ranks share this machine's cores; 1 thread each).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
 import path from "node:path";
-
-const SHARED = process.env.OPT_SHARED_DIR ?? path.resolve(import.meta.dirname, "../../../shared");
-const FIX = path.join(SHARED, "fixtures");
-const TOKDIR = path.join(SHARED, "tokenizer");
-const GENERATE = process.env.OPT_GENERATE, MPIEXEC = process.env.OPT_MPIEXEC ?? "mpirun";
-assert.ok(GENERATE && existsSync(GENERATE), `OPT_GENERATE=${GENERATE} is not the program`);
-const ROOT = process.getuid && process.getuid() === 0 ? ["--allow-run-as-root"] : [];
-const MODELS = JSON.parse(readFileSync(path.join(FIX, "manifest.json"), "utf8")).models.map((m) => m.dir);
-
-const goldens = (model) => JSON.parse(readFileSync(path.join(FIX, model, "goldens.json"), "utf8"));
-function f32(model, desc) {
-  const b = readFileSync(path.join(FIX, model, desc.file));
-  return new Float32Array(b.buffer, b.byteOffset, b.length / 4);
-}
-const jsonl = (objs) => objs.map((o) => JSON.stringify(o)).join("\n") + "\n";
-const lines = (s) => s.trimEnd().split("\n").map((l) => JSON.parse(l));
-
-function spawn(cmd, args, input, timeout = 60000) {
-  const t0 = Date.now();
-  const r = spawnSync(cmd, args,
-                      { input: input ?? "", encoding: "utf8", maxBuffer: 1 << 28, timeout, killSignal: "SIGKILL" });
-  assert.equal(r.error, undefined, `${cmd} ${args.join(" ")}: ${r.error} (after ${Date.now() - t0} ms)`);
-  return r;
-}
-// One process, or `np` ranks; `ok` requires exit 0.
-function generate(np, args, input, { ok = true } = {}) {
-  const mpi = [...ROOT, "--oversubscribe", "-np", String(np), GENERATE, "--threads", "1"];
-  const r = np === 1 ? spawn(GENERATE, args, input) : spawn(MPIEXEC, [...mpi, ...args], input);
-  if (ok) assert.equal(r.status, 0, `${np} ranks, ${args.join(" ")}: exit ${r.status} ${r.signal ?? ""}\n${r.stderr}`);
-  return r;
-}
+import { FIX, TOKDIR, MODELS, goldens, f32, jsonl, lines, generate } from "./lib.mjs";
 
 test("--jsonl --logits on 2 and 3 ranks: byte for byte one process's output, and the goldens", () => {
   for (const model of MODELS) {
