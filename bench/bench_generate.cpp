@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "floors.hpp"
+#include "options.hpp"
 
 namespace {
 
@@ -58,8 +59,7 @@ double median(std::vector<double> v) {
 }
 
 int reps() {
-  const char* e = std::getenv("OPT_BENCH_REPS");
-  return e ? std::max(1, std::atoi(e)) : 5;
+  return std::max(1, opt_bench::env_int("OPT_BENCH_REPS", 5));
 }
 
 std::string bench_dir() {
@@ -565,18 +565,10 @@ void register_all(const std::vector<std::string>& formats) {
 // variables give the defaults. Returns the formats, or throws on a bad value.
 std::vector<std::string> parse_options(int& argc, char** argv) {
   std::string formats = "f32,bf16,f16,int8";
-  if (const char* e = std::getenv("OPT_BENCH_MODEL")) g_model = e;
-  if (const char* e = std::getenv("OPT_BENCH_FORMATS")) formats = e;
-  if (const char* e = std::getenv("OPT_BENCH_NEW")) g_new = std::atoi(e);
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--model=", 0) == 0) g_model = a.substr(8);
-    else if (a.rfind("--formats=", 0) == 0) formats = a.substr(10);
-    else if (a.rfind("--new=", 0) == 0) g_new = std::atoi(a.c_str() + 6);
-    else argv[out++] = argv[i];
-  }
-  argc = out;
+  opt_bench::take_flags(argc, argv,
+                        {opt_bench::flag("model", "OPT_BENCH_MODEL", g_model),
+                         opt_bench::flag("formats", "OPT_BENCH_FORMATS", formats),
+                         opt_bench::flag("new", "OPT_BENCH_NEW", g_new)});
   (void)opt::opt_shape(g_model);  // throws for an unknown shape
   if (g_model.rfind("facebook/", 0) == 0) g_model = g_model.substr(9);  // the folder name: opt-X
   if (g_model.rfind("opt-", 0) != 0) g_model = "opt-" + g_model;

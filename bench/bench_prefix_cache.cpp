@@ -7,8 +7,8 @@
 //                           speedup = cold / warm
 // The first token and its logits are checked equal, bit for bit, between cold and warm before a figure is printed.
 // --model=NAME / OPT_BENCH_MODEL, --format=f32|f16|bf16 / OPT_BENCH_FORMAT, --threads=N / OPT_BENCH_THREADS
-// (default 2), --kv=f32|f16|bf16 (the KV cache's type, default f32); each figure is the median of OPT_BENCH_REPS
-// (default 5) runs.
+// (default 2), --kv=f32|f16|bf16 / OPT_BENCH_KV (the KV cache's type, default f32); each figure is the median of
+// OPT_BENCH_REPS (default 5) runs.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -23,6 +23,8 @@
 #include <opt/random_checkpoint.hpp>
 #include <string>
 #include <vector>
+
+#include "options.hpp"
 
 namespace {
 
@@ -151,27 +153,15 @@ void BM_TTFT(benchmark::State& state, bool warm, int64_t prefix_len) {
   }
 }
 
-int env_int(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  return e ? std::atoi(e) : dflt;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (const char* e = std::getenv("OPT_BENCH_MODEL")) g_model = e;
-  if (const char* e = std::getenv("OPT_BENCH_FORMAT")) g_format = e;
-  g_threads = env_int("OPT_BENCH_THREADS", g_threads), g_reps = env_int("OPT_BENCH_REPS", g_reps);
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--model=", 0) == 0) g_model = a.substr(8);
-    else if (a.rfind("--format=", 0) == 0) g_format = a.substr(9);
-    else if (a.rfind("--kv=", 0) == 0) g_kv = a.substr(5);
-    else if (a.rfind("--threads=", 0) == 0) g_threads = std::atoi(a.c_str() + 10);
-    else argv[out++] = argv[i];
-  }
-  argc = out;
+  g_reps = opt_bench::env_int("OPT_BENCH_REPS", g_reps);
+  opt_bench::take_flags(argc, argv,
+                        {opt_bench::flag("model", "OPT_BENCH_MODEL", g_model),
+                         opt_bench::flag("format", "OPT_BENCH_FORMAT", g_format),
+                         opt_bench::flag("kv", "OPT_BENCH_KV", g_kv),
+                         opt_bench::flag("threads", "OPT_BENCH_THREADS", g_threads)});
   try {
     (void)opt::opt_shape(g_model);
     for (const std::string* t : {&g_format, &g_kv})

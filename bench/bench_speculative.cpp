@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "options.hpp"
+
 namespace {
 
 using clk = std::chrono::steady_clock;
@@ -167,27 +169,14 @@ void BM_Spec(benchmark::State& state, std::string d, std::string w) {
   state.counters["tokens_per_pass"] = st.tokens_per_pass();
 }
 
-int env_int(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  return e ? std::atoi(e) : dflt;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (const char* e = std::getenv("OPT_BENCH_MODEL")) g_model = e;
-  if (const char* e = std::getenv("OPT_BENCH_FORMAT")) g_format = e;
-  g_new = env_int("OPT_BENCH_NEW", g_new), g_k = env_int("OPT_BENCH_K", g_k), g_reps = env_int("OPT_BENCH_REPS", g_reps);
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--model=", 0) == 0) g_model = a.substr(8);
-    else if (a.rfind("--format=", 0) == 0) g_format = a.substr(9);
-    else if (a.rfind("--new=", 0) == 0) g_new = std::atoi(a.c_str() + 6);
-    else if (a.rfind("--k=", 0) == 0) g_k = std::atoi(a.c_str() + 4);
-    else argv[out++] = argv[i];
-  }
-  argc = out;
+  g_reps = opt_bench::env_int("OPT_BENCH_REPS", g_reps);
+  opt_bench::take_flags(argc, argv,
+                        {opt_bench::flag("model", "OPT_BENCH_MODEL", g_model),
+                         opt_bench::flag("format", "OPT_BENCH_FORMAT", g_format),
+                         opt_bench::flag("new", "OPT_BENCH_NEW", g_new), opt_bench::flag("k", "OPT_BENCH_K", g_k)});
   try {
     (void)opt::opt_shape(g_model);
     if (g_format != "f32" && g_format != "f16" && g_format != "bf16")
