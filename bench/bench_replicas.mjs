@@ -20,10 +20,10 @@
 //
 // The model defaults to the random opt-125m checkpoint bench_serve.mjs uses (written once with opt-make-random).
 // Only 127.0.0.1 is contacted; the servers and nginx are started and stopped by the script.
-import { readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import path from "node:path";
 import { findNginx, freePort, startNginx } from "../tests/server/nginx_lib.mjs";
-import { benchArgs, programs, prompts, randomModel, startServe, streamComplete } from "./lib.mjs";
+import { benchArgs, cpuSeconds, programs, prompts, randomModel, startServe, streamComplete } from "./lib.mjs";
 
 const a = benchArgs({
   cores: { type: "string", default: "2" },
@@ -64,25 +64,6 @@ if (!Number.isInteger(cores / 2)) rows.splice(2, 1);
 if (a.rows) {  // --rows 1,3: only those rows (1-based, in the order above)
   const keep = new Set(a.rows.split(",").map(Number));
   rows.splice(0, rows.length, ...rows.filter((_, i) => keep.has(i + 1)));
-}
-
-// CPU seconds (user + system) a process and its children have used so far (/proc/PID/stat; nginx: the master and
-// its workers).
-const tick = 100;  // USER_HZ on Linux
-function cpuSeconds(pid) {
-  const stat = (p) => {
-    try {
-      const f = readFileSync(`/proc/${p}/stat`, "utf8");
-      return f.slice(f.lastIndexOf(")") + 2).split(" ");  // from the state field on
-    } catch { return null; }
-  };
-  let total = 0;
-  for (const d of readdirSync("/proc")) {
-    if (!/^\d+$/.test(d)) continue;
-    const f = stat(d);
-    if (f && (Number(d) === pid || Number(f[1]) === pid)) total += (Number(f[11]) + Number(f[12])) / tick;
-  }
-  return total;
 }
 
 const reference = new Map();

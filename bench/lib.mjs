@@ -2,7 +2,7 @@
 // flags, the programs of a build, the random opt-125m checkpoint, the prompts, starting a server (tests/server's
 // startServer) and one streamed completion. Only 127.0.0.1 is contacted.
 import { execFileSync } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync } from "node:fs";
 import path from "node:path";
 import { parseArgs } from "node:util";
 import { startServer } from "../tests/server/lib.mjs";
@@ -86,4 +86,23 @@ export async function streamComplete(url, prompt, maxTokens) {
     }
   }
   return { text, tokens, ttft, ms: performance.now() - t0 };
+}
+
+// CPU seconds (user + system) a process and its children have used so far (/proc/PID/stat; nginx: the master and
+// its workers).
+const tick = 100;  // USER_HZ on Linux
+export function cpuSeconds(pid) {
+  const stat = (p) => {
+    try {
+      const f = readFileSync(`/proc/${p}/stat`, "utf8");
+      return f.slice(f.lastIndexOf(")") + 2).split(" ");  // from the state field on
+    } catch { return null; }
+  };
+  let total = 0;
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue;
+    const f = stat(d);
+    if (f && (Number(d) === pid || Number(f[1]) === pid)) total += (Number(f[11]) + Number(f[12])) / tick;
+  }
+  return total;
 }
