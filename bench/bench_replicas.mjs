@@ -20,90 +20,38 @@
 //
 // The model defaults to the random opt-125m checkpoint bench_serve.mjs uses (written once with opt-make-random).
 // Only 127.0.0.1 is contacted; the servers and nginx are started and stopped by the script.
-import { spawn, execFileSync } from "node:child_process";
-import { existsSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import path from "node:path";
-import { parseArgs } from "node:util";
 import { findNginx, freePort, startNginx } from "../tests/server/nginx_lib.mjs";
+import { benchArgs, cpuSeconds, programs, prompts, randomModel, startServe, streamComplete } from "./lib.mjs";
 
-const here = path.dirname(new URL(import.meta.url).pathname);
-const root = path.resolve(here, "..");
-const { values: a } = parseArgs({
-  options: {
-    build: { type: "string", default: path.join(root, "build") },
-    model: { type: "string" },
-    tokenizer: { type: "string", default: path.resolve(root, "../shared/tokenizer") },
-    cores: { type: "string", default: "2" },
-    clients: { type: "string", default: "12" },
-    requests: { type: "string", default: "96" },
-    "max-tokens": { type: "string", default: "32" },
-    reps: { type: "string", default: "3" },
-    rows: { type: "string" },
-    json: { type: "string" },
-  },
+const a = benchArgs({
+  cores: { type: "string", default: "2" },
+  clients: { type: "string", default: "12" },
+  requests: { type: "string", default: "96" },
+  "max-tokens": { type: "string", default: "32" },
+  reps: { type: "string", default: "3" },
+  rows: { type: "string" },
+  json: { type: "string" },
 });
-const serve = path.join(a.build, "examples", "opt-serve");
-const makeRandom = path.join(a.build, "examples", "opt-make-random");
-const modelDir = a.model ?? path.join(process.env.OPT_BENCH_DIR ?? path.join(a.build, "bench-models"), "opt-125m-f32");
+const { serve } = programs(a.build);
 const nginx = findNginx();
 const cores = Number(a.cores), clients = Number(a.clients), requests = Number(a.requests);
 const maxTokens = Number(a["max-tokens"]);
 
-if (!existsSync(serve)) throw new Error(`${serve} not found: build the opt-serve target (or pass --build)`);
 if (!nginx) throw new Error("nginx is not installed (apt-get install nginx, or OPT_NGINX=path)");
-if (!existsSync(path.join(modelDir, "config.json"))) {
-  if (!existsSync(makeRandom)) throw new Error(`${modelDir} has no checkpoint and ${makeRandom} is not built`);
-  console.error(`bench_replicas: writing a random opt-125m checkpoint to ${modelDir}`);
-  execFileSync(makeRandom, [modelDir, "--model", "opt-125m"], { stdio: "inherit" });
-}
-
-const topics = ["the weather in Paris", "a recipe for bread", "the history of computing", "why cats sleep so much",
-                "a trip to the mountains", "the rules of chess", "how bridges are built", "the life of bees"];
-const prompts = Array.from({ length: 16 }, (_, i) =>
-  `Question ${i}: tell me about ${topics[i % 8]}${i >= 8 ? ", in a few careful sentences, for a curious child" : ""}.`);
+const modelDir = randomModel(a, "bench_replicas");
 
 // ---- servers ----------------------------------------------------------------------------------------------------
 async function startReplica(threads) {
   const port = await freePort();
-  const proc = spawn(serve, ["-m", modelDir, "-t", a.tokenizer, "--host", "127.0.0.1", "--port", String(port),
-                             "--threads", String(threads), "--max-batch", "16", "--max-queue", "256",
-                             "--drain-timeout", "30"],
-                     { stdio: ["ignore", "pipe", "pipe"] });
-  let stderr = "";
-  proc.stderr.on("data", (d) => { stderr += d; });
-  const exited = new Promise((resolve) => proc.on("exit", (code, signal) => resolve({ code, signal })));
-  await new Promise((resolve, reject) => {
-    let out = "";
-    const t = setTimeout(() => reject(new Error("opt-serve did not start in 120 s")), 120000);
-    proc.stdout.on("data", (d) => {
-      out += d;
-      if (/listening on/.test(out)) { clearTimeout(t); resolve(); }
-    });
-    exited.then(({ code }) => { clearTimeout(t); reject(new Error(`opt-serve exited (${code}):\n${stderr}`)); });
-  });
-  return { port, url: `http://127.0.0.1:${port}`, proc, exited, stderr: () => stderr };
+  return startServe(serve, ["--threads", String(threads), "--max-batch", "16", "--max-queue", "256",
+                            "--drain-timeout", "30"],
+                    { model: modelDir, tokenizer: a.tokenizer, port });
 }
 
 // One streamed greedy completion: its text and token count.
-async function complete(url, prompt) {
-  const res = await fetch(`${url}/v1/completions`, {
-    method: "POST", headers: { "Content-Type": "application/json" }, signal: AbortSignal.timeout(600000),
-    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stream: true,
-                           stream_options: { include_usage: true } }),
-  });
-  if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
-  let raw = "", text = "", tokens = 0;
-  const dec = new TextDecoder();
-  for await (const chunk of res.body) raw += dec.decode(chunk, { stream: true });
-  for (const ev of raw.split("\n\n")) {
-    if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
-    const c = JSON.parse(ev.slice(6));
-    if (c.error) throw new Error(`error event: ${ev}`);
-    if (c.usage) tokens = c.usage.completion_tokens;
-    for (const ch of c.choices) text += ch.text;
-  }
-  return { text, tokens };
-}
+const complete = (url, prompt) => streamComplete(url, prompt, maxTokens);
 
 const rows = [
   { name: "direct 1x" + cores, replicas: 1, threads: cores, nginx: false },
@@ -116,25 +64,6 @@ if (!Number.isInteger(cores / 2)) rows.splice(2, 1);
 if (a.rows) {  // --rows 1,3: only those rows (1-based, in the order above)
   const keep = new Set(a.rows.split(",").map(Number));
   rows.splice(0, rows.length, ...rows.filter((_, i) => keep.has(i + 1)));
-}
-
-// CPU seconds (user + system) a process and its children have used so far (/proc/PID/stat; nginx: the master and
-// its workers).
-const tick = 100;  // USER_HZ on Linux
-function cpuSeconds(pid) {
-  const stat = (p) => {
-    try {
-      const f = readFileSync(`/proc/${p}/stat`, "utf8");
-      return f.slice(f.lastIndexOf(")") + 2).split(" ");  // from the state field on
-    } catch { return null; }
-  };
-  let total = 0;
-  for (const d of readdirSync("/proc")) {
-    if (!/^\d+$/.test(d)) continue;
-    const f = stat(d);
-    if (f && (Number(d) === pid || Number(f[1]) === pid)) total += (Number(f[11]) + Number(f[12])) / tick;
-  }
-  return total;
 }
 
 const reference = new Map();

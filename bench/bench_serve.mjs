@@ -1,104 +1,48 @@
 #!/usr/bin/env node
-// bench_serve: requests/s and tokens/s of opt-serve at 1, 4 and 16 concurrent clients, on a random-weight
-// checkpoint of the opt-125m shape (written once with opt-make-random) and the real tokenizer.
+// bench_serve: requests/s, aggregate tokens/s and time to first token (p50, p99) of opt-serve at 1, 4, 16 and 64
+// concurrent clients, on a random-weight checkpoint of the opt-125m shape (written once with opt-make-random,
+// --dtype f32 or bf16 ...) and the real tokenizer. Each level's line gives its tokens/s against the 1-client level's.
 //
-//   node bench/bench_serve.mjs [--build build] [--model DIR] [--tokenizer DIR] [--clients 1,4,16]
-//                              [--max-tokens 32] [--threads N] [--max-batch 16] [--json out.json]
+//   node bench/bench_serve.mjs [--build build] [--model DIR] [--dtype f32] [--tokenizer DIR] [--clients 1,4,16,64]
+//                              [--max-tokens 32] [--threads N] [--max-batch 64] [--json out.json]
 //                              [--cache-bytes N] [--prefix N [--reps 5]]
 //
 // Every client sends greedy streaming /v1/completions requests, one after another, with prompts from a fixed
 // set of 16 (different lengths). The 1-client level runs each prompt alone first; at every other level each
 // answer must equal that one before its numbers count (results are checked before they are reported).
-// Only 127.0.0.1 is contacted; the server is started and stopped by the script.
+// Each level's line: its figures, its tokens/s against the 1-client level's, the sequences per step of its steps and
+// the server's CPU time per token (/proc: on a shared machine tokens/s moves with the neighbours' load, the CPU
+// time per token much less). Only 127.0.0.1 is contacted; the server is started and stopped by the script.
 //
 // --prefix N measures the prefix cache instead: a prompt of N random token ids + 8 more is sent twice, alone; the
 // first time it is cold (nothing of it cached), the second its first N tokens (whole blocks) come from the cache.
 // Time to first token of each, median of --reps prompts (each a new prefix), and the two answers must be equal.
 // --cache-bytes is passed to opt-serve (its default otherwise: 256 MiB).
-import { spawn, execFileSync } from "node:child_process";
-import { existsSync, writeFileSync } from "node:fs";
-import path from "node:path";
-import { parseArgs } from "node:util";
+import { writeFileSync } from "node:fs";
+import { benchArgs, cpuSeconds, programs, prompts, randomModel, startServe, streamComplete } from "./lib.mjs";
 
-const here = path.dirname(new URL(import.meta.url).pathname);
-const root = path.resolve(here, "..");
-const { values: a } = parseArgs({
-  options: {
-    build: { type: "string", default: path.join(root, "build") },
-    model: { type: "string" },
-    tokenizer: { type: "string", default: path.resolve(root, "../shared/tokenizer") },
-    clients: { type: "string", default: "1,4,16" },
-    "max-tokens": { type: "string", default: "32" },
-    threads: { type: "string", default: "0" },
-    "max-batch": { type: "string", default: "16" },
-    json: { type: "string" },
-    "cache-bytes": { type: "string" },
-    prefix: { type: "string" },
-    reps: { type: "string", default: "5" },
-  },
+const a = benchArgs({
+  dtype: { type: "string", default: "f32" },
+  clients: { type: "string", default: "1,4,16,64" },
+  "max-tokens": { type: "string", default: "32" },
+  threads: { type: "string", default: "0" },
+  "max-batch": { type: "string", default: "64" },
+  json: { type: "string" },
+  "cache-bytes": { type: "string" },
+  prefix: { type: "string" },
+  reps: { type: "string", default: "5" },
 });
-const serve = path.join(a.build, "examples", "opt-serve");
-const makeRandom = path.join(a.build, "examples", "opt-make-random");
-const modelDir = a.model ?? path.join(process.env.OPT_BENCH_DIR ?? path.join(a.build, "bench-models"), "opt-125m-f32");
+const { serve } = programs(a.build);
+const modelDir = randomModel(a, "bench_serve", { dtype: a.dtype });
 const maxTokens = Number(a["max-tokens"]);
 const levels = a.clients.split(",").map(Number);
 
-if (!existsSync(serve)) throw new Error(`${serve} not found: build the opt-serve target (or pass --build)`);
-if (!existsSync(path.join(modelDir, "config.json"))) {
-  if (!existsSync(makeRandom)) throw new Error(`${modelDir} has no checkpoint and ${makeRandom} is not built`);
-  console.error(`bench_serve: writing a random opt-125m checkpoint to ${modelDir}`);
-  execFileSync(makeRandom, [modelDir, "--model", "opt-125m"], { stdio: "inherit" });
-}
-
-const topics = ["the weather in Paris", "a recipe for bread", "the history of computing", "why cats sleep so much",
-                "a trip to the mountains", "the rules of chess", "how bridges are built", "the life of bees"];
-const prompts = Array.from({ length: 16 }, (_, i) =>
-  `Question ${i}: tell me about ${topics[i % 8]}${i >= 8 ? ", in a few careful sentences, for a curious child" : ""}.`);
-
 // ---- the server -----------------------------------------------------------------------------------------------
-const proc = spawn(serve, ["-m", modelDir, "-t", a.tokenizer, "--host", "127.0.0.1", "--port", "0",
-                           "--max-batch", a["max-batch"], "--threads", a.threads, "--max-queue", "256",
-                           ...(a["cache-bytes"] !== undefined ? ["--cache-bytes", a["cache-bytes"]] : [])],
-                   { stdio: ["ignore", "pipe", "inherit"] });
-const port = await new Promise((resolve, reject) => {
-  let out = "";
-  const t = setTimeout(() => reject(new Error("opt-serve did not start in 120 s")), 120000);
-  proc.stdout.on("data", (d) => {
-    out += d;
-    const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-    if (m) { clearTimeout(t); resolve(Number(m[1])); }
-  });
-  proc.on("exit", (c) => { clearTimeout(t); reject(new Error(`opt-serve exited (${c})`)); });
-});
-const url = `http://127.0.0.1:${port}`;
-
-// One streamed greedy completion: its text, token count, time to first text and total time.
-async function complete(prompt) {
-  const t0 = performance.now();
-  const res = await fetch(`${url}/v1/completions`, {
-    method: "POST", headers: { "Content-Type": "application/json" }, signal: AbortSignal.timeout(600000),
-    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stream: true,
-                           stream_options: { include_usage: true } }),
-  });
-  if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
-  const reader = res.body.getReader(), dec = new TextDecoder();
-  let buf = "", text = "", tokens = 0, ttft = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += dec.decode(value, { stream: true });
-    let cut;
-    while ((cut = buf.indexOf("\n\n")) >= 0) {
-      const ev = buf.slice(0, cut);
-      buf = buf.slice(cut + 2);
-      if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
-      const c = JSON.parse(ev.slice(6));
-      if (c.usage) tokens = c.usage.completion_tokens;
-      for (const ch of c.choices) if (ch.text) { if (!ttft) ttft = performance.now() - t0; text += ch.text; }
-    }
-  }
-  return { text, tokens, ttft, ms: performance.now() - t0 };
-}
+const server = await startServe(serve, ["--max-batch", a["max-batch"], "--threads", a.threads, "--max-queue", "256",
+                                        ...(a["cache-bytes"] !== undefined ? ["--cache-bytes", a["cache-bytes"]] : [])],
+                                { model: modelDir, tokenizer: a.tokenizer, echoStderr: true });
+const url = server.url;
+const complete = (prompt) => streamComplete(url, prompt, maxTokens);
 
 // --prefix N: time to first token, cold then with the prompt's first N tokens cached.
 async function prefixRun(n, reps) {
@@ -122,7 +66,10 @@ async function prefixRun(n, reps) {
     writeFileSync(a.json, JSON.stringify({ model: modelDir, prefix: n, cold_ms: cold, warm_ms: warm }, null, 2));
 }
 
-const pct = (xs, p) => { const s = [...xs].sort((x, y) => x - y); return s[Math.min(s.length - 1, Math.floor(p * s.length))]; };
+const pct = (xs, p) => {
+  const s = [...xs].sort((x, y) => x - y);
+  return s[Math.min(s.length - 1, Math.floor(p * s.length))];
+};
 const reference = new Map();
 const results = [];
 try {
@@ -135,6 +82,8 @@ try {
     const n = clients === 1 ? prompts.length : Math.max(prompts.length, 2 * clients);
     let next = 0;
     const done = [];
+    const h0 = await (await fetch(`${url}/health`)).json();
+    const cpu0 = cpuSeconds(server.proc.pid);
     const t0 = performance.now();
     await Promise.all(Array.from({ length: clients }, async () => {
       for (let i = next++; i < n; i = next++) {
@@ -143,6 +92,8 @@ try {
       }
     }));
     const secs = (performance.now() - t0) / 1000;
+    const cpu = cpuSeconds(server.proc.pid) - cpu0;
+    const h1 = await (await fetch(`${url}/health`)).json();
     for (const d of done) {
       if (clients === 1 && !reference.has(d.p)) reference.set(d.p, d.text);
       else if (reference.has(d.p) && reference.get(d.p) !== d.text)
@@ -153,11 +104,19 @@ try {
                 tokens_per_s: +(tokens / secs).toFixed(1), tokens,
                 latency_ms_p50: Math.round(pct(done.map((d) => d.ms), 0.5)),
                 ttft_ms_p50: Math.round(pct(done.map((d) => d.ttft), 0.5)),
+                ttft_ms_p99: Math.round(pct(done.map((d) => d.ttft), 0.99)),
+                sequences_per_step: +((h1.generated_tokens - h0.generated_tokens) / (h1.steps - h0.steps)).toFixed(2),
+                server_cpu_s: +cpu.toFixed(2), server_cpu_ms_per_token: +(1000 * cpu / tokens).toFixed(1),
                 checked: reference.size > 0 };
+    const one = clients === 1 ? r : results.find((x) => x.clients === 1);
+    r.vs_1_client = one ? +(r.tokens_per_s / one.tokens_per_s).toFixed(2) : null;
     results.push(r);
     console.log(`bench_serve opt-125m-shape clients=${String(clients).padStart(2)} requests=${n} ` +
                 `req/s=${r.requests_per_s.toFixed(2)} tok/s=${r.tokens_per_s.toFixed(1)} ` +
-                `latency_p50=${r.latency_ms_p50}ms ttft_p50=${r.ttft_ms_p50}ms (max_tokens ${maxTokens}, ${secs.toFixed(1)} s)`);
+                `(${one ? r.vs_1_client.toFixed(2) + "x" : "?"} 1 client) ttft_p50=${r.ttft_ms_p50}ms ` +
+                `ttft_p99=${r.ttft_ms_p99}ms latency_p50=${r.latency_ms_p50}ms seq/step=${r.sequences_per_step} ` +
+                `server_cpu=${r.server_cpu_ms_per_token}ms/token ` +
+                `(max_tokens ${maxTokens}, ${secs.toFixed(1)} s)`);
   }
   const h = await (await fetch(`${url}/health`)).json();
   if (levels.length)
@@ -167,5 +126,5 @@ try {
   if (a.json && levels.length)
     writeFileSync(a.json, JSON.stringify({ model: modelDir, max_tokens: maxTokens, results }, null, 2));
 } finally {
-  proc.kill("SIGTERM");
+  await server.stop(30000);
 }

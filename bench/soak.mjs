@@ -15,53 +15,29 @@
 //
 // The server runs under `nice -n 19` (it shares the machine); only 127.0.0.1 is contacted. Exit status 0 when
 // every check held, 1 otherwise.
-import { spawn } from "node:child_process";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import path from "node:path";
-import { parseArgs } from "node:util";
+import { benchArgs, programs, root, startServe } from "./lib.mjs";
 
-const here = path.dirname(new URL(import.meta.url).pathname);
-const root = path.resolve(here, "..");
-const { values: a } = parseArgs({
-  options: {
-    build: { type: "string", default: path.join(root, "build") },
-    model: { type: "string", default: path.resolve(root, "../shared/fixtures/opt-tiny-realvocab") },
-    tokenizer: { type: "string", default: path.resolve(root, "../shared/tokenizer") },
-    minutes: { type: "string", default: "10" },
-    clients: { type: "string", default: "8" },
-    slow: { type: "string", default: "32" },
-    sample: { type: "string", default: "5" },
-    warmup: { type: "string", default: "60" },
-    "rss-tolerance": { type: "string", default: "8" },
-    json: { type: "string" },
-  },
-});
-const serve = path.join(a.build, "examples", "opt-serve");
-if (!existsSync(serve)) throw new Error(`${serve} not found: build the opt-serve target (or pass --build)`);
+const a = benchArgs({
+  minutes: { type: "string", default: "10" },
+  clients: { type: "string", default: "8" },
+  slow: { type: "string", default: "32" },
+  sample: { type: "string", default: "5" },
+  warmup: { type: "string", default: "60" },
+  "rss-tolerance": { type: "string", default: "8" },
+  json: { type: "string" },
+}, { model: path.resolve(root, "../shared/fixtures/opt-tiny-realvocab") });
+const { serve } = programs(a.build);
 const durationMs = Number(a.minutes) * 60000, sampleMs = Number(a.sample) * 1000, warmupMs = Number(a.warmup) * 1000;
 
 // ---- the server (short deadlines so that the slow connections cycle) ---------------------------------------------
-const proc = spawn("nice", ["-n", "19", serve, "-m", a.model, "-t", a.tokenizer, "--host", "127.0.0.1", "--port", "0",
-                            "--max-batch", "16", "--max-queue", "256", "--head-timeout", "5", "--body-timeout", "5"],
-                   { stdio: ["ignore", "pipe", "pipe"] });
-let stderr = "";
-proc.stderr.on("data", (d) => { stderr += d; });
-const exited = new Promise((resolve) => proc.on("exit", (code, signal) => resolve({ code, signal })));
-const port = await new Promise((resolve, reject) => {
-  let out = "";
-  const t = setTimeout(() => reject(new Error("opt-serve did not start in 60 s:\n" + stderr)), 60000);
-  proc.stdout.on("data", (d) => {
-    out += d;
-    const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-    if (m) { clearTimeout(t); resolve(Number(m[1])); }
-  });
-  exited.then(({ code, signal }) => {
-    clearTimeout(t);
-    reject(new Error(`opt-serve exited (${code ?? signal}):\n${stderr}`));
-  });
-});
-const url = `http://127.0.0.1:${port}`;
+const server = await startServe(serve, ["--max-batch", "16", "--max-queue", "256", "--head-timeout", "5",
+                                        "--body-timeout", "5"],
+                                { model: a.model, tokenizer: a.tokenizer, wrapper: ["nice", "-n", "19"],
+                                  startMs: 60000 });
+const { proc, exited, port, url } = server;
 const rssKb = () => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${proc.pid}/status`, "utf8"))[1]);
 
 // ---- the requests ---------------------------------------------------------------------------------------------
@@ -242,6 +218,6 @@ console.log(`soak: RSS ${warm.rss_mb} MB at ${warm.t_s} s (after warm-up) -> ${l
             `(drift ${drift} MB; ${Math.min(...after)}..${Math.max(...after)} MB after warm-up)`);
 console.log(`soak: checks ${JSON.stringify(checks)}`);
 for (const e of errors) console.log(`soak: error: ${e}`);
-if (crashed) console.log(`soak: the server exited during the run:\n${stderr}`);
+if (crashed) console.log(`soak: the server exited during the run:\n${server.stderr()}`);
 if (a.json) writeFileSync(a.json, JSON.stringify(report, null, 2));
 process.exit(Object.values(checks).every((c) => c) ? 0 : 1);

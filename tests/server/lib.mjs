@@ -35,18 +35,25 @@ export function requireServe() {
 // speculative decoding on (tests/CMakeLists.txt).
 export const EXTRA_ARGS = (process.env.OPT_SERVE_ARGS ?? "").split(" ").filter((a) => a !== "");
 
-// Starts opt-serve on 127.0.0.1 with --port `port` (0: a free one) and reads the port it prints.
-export async function startServer(args = [], { model = MODEL, tokenizer = TOKENIZER, port: want = 0 } = {}) {
-  requireServe();
-  const proc = spawn(SERVE, ["-m", model, "-t", tokenizer, "--host", "127.0.0.1", "--port", String(want),
-                             ...EXTRA_ARGS, ...args],
-                     { stdio: ["ignore", "pipe", "pipe"] });
+// Starts opt-serve on 127.0.0.1 with --port `port` (0: a free one) and reads the port it prints. The benchmarks
+// (bench/lib.mjs) pass their own `serve` program, `wrapper` (a command prefix: ["nice", "-n", "19"]; the process
+// execs, so proc.pid is opt-serve's), `startMs`, `extraArgs` (default OPT_SERVE_ARGS) and `echoStderr` (copy the
+// server's stderr to ours as well).
+export async function startServer(args = [], { model = MODEL, tokenizer = TOKENIZER, port: want = 0, serve = null,
+                                               wrapper = [], startMs = 30000, extraArgs = EXTRA_ARGS,
+                                               echoStderr = false } = {}) {
+  if (serve === null) requireServe();
+  else assert.ok(existsSync(serve), `${serve} not found: build the opt-serve target (or pass --build)`);
+  const cmd = [...wrapper, serve ?? SERVE, "-m", model, "-t", tokenizer, "--host", "127.0.0.1", "--port", String(want),
+               ...extraArgs, ...args];
+  const proc = spawn(cmd[0], cmd.slice(1), { stdio: ["ignore", "pipe", "pipe"] });
   let stderr = "";
-  proc.stderr.on("data", (d) => { stderr += d; });
+  proc.stderr.on("data", (d) => { stderr += d; if (echoStderr) process.stderr.write(d); });
   const exited = new Promise((resolve) => proc.on("exit", (code, signal) => resolve({ code, signal })));
   const port = await new Promise((resolve, reject) => {
     let out = "";
-    const timer = setTimeout(() => reject(new Error("opt-serve did not start in 30 s:\n" + stderr)), 30000);
+    const timer = setTimeout(() => reject(new Error(`opt-serve did not start in ${startMs / 1000} s:\n` + stderr)),
+                             startMs);
     proc.stdout.on("data", (d) => {
       out += d;
       const m = out.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
