@@ -104,10 +104,10 @@ int main(int argc, char** argv) {
     std::shared_ptr<opt::pipeline::Head> head;
     if (ranks > 1) head = std::make_shared<opt::pipeline::Head>(model, MPI_COMM_WORLD);
     const int64_t V = cfg.vocab_size, S = int64_t(groups) * batch;
-    std::vector<Result> results(size_t(S));
+    std::vector<Result> results(static_cast<size_t>(S));
     std::mutex cpu;  // rank 0's compute: one group at a time
     Barrier prefilled(groups);
-    std::vector<double> decode_end(size_t(groups));
+    std::vector<double> decode_end(static_cast<size_t>(groups));
     std::chrono::steady_clock::time_point t_start, t_prefilled;
     t_start = std::chrono::steady_clock::now();
     auto drive = [&](int g) {
@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
         if (head) m.set_remote_layers(head->lane(g, &cpu));
         opt::Workspace ws(threads);
         std::vector<opt::KvCache> caches;
-        std::vector<std::vector<int32_t>> prompts(size_t(batch));
-        std::vector<int32_t> next(size_t(batch));
+        std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+        std::vector<int32_t> next(static_cast<size_t>(batch));
         for (int b = 0; b < batch; ++b) {
           caches.emplace_back(cfg, prompt + n_new);
           const int64_t s = int64_t(g) * batch + b;
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
           for (int64_t t = 1; t < prompt; ++t)
             prompts[size_t(b)].push_back(int32_t(3 + (s * 7919 + t * 104729) % (V - 3)));
         }
-        std::vector<opt::SequenceChunk> chunks(size_t(batch));
+        std::vector<opt::SequenceChunk> chunks(static_cast<size_t>(batch));
         auto step = [&](bool first) {
           for (int b = 0; b < batch; ++b)
             chunks[size_t(b)] = {&caches[size_t(b)], first ? prompts[size_t(b)].data() : &next[size_t(b)],
