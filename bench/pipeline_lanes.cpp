@@ -171,9 +171,10 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     const double tokens = double(S) * double(n_new - 1);
-    std::printf("pipeline-lanes: %d ranks, %d groups x %d sequences, prompt %lld, %lld new, %zu thread(s) per rank | "
-                "prefill %.1f ms | decode %.0f tokens in %.1f ms: %.2f tok/s aggregate\n",
-                ranks, groups, batch, (long long)prompt, (long long)n_new, threads, prefill_s * 1e3, tokens,
+    std::printf("pipeline-lanes: %d ranks, %d groups x %d sequences, prompt %lld, %lld new, %zu thread(s) per rank, "
+                "kernels %s | prefill %.1f ms | decode %.0f tokens in %.1f ms: %.2f tok/s aggregate\n",
+                ranks, groups, batch, (long long)prompt, (long long)n_new, threads,
+                opt::kernels::to_string(opt::kernels::active_isa()), prefill_s * 1e3, tokens,
                 decode_s * 1e3, decode_s > 0 ? tokens / decode_s : 0.0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline-lanes: rank %d: %s\n", rank, e.what());
