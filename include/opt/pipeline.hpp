@@ -296,7 +296,8 @@ class Head : public RemoteLayers, public std::enable_shared_from_this<Head> {
   // group. `compute` (optional): the lane unlocks it while its pass is on the other ranks and locks it again
   // before returning, so host threads that hold it around their forward() calls take turns on rank 0 (one of them
   // computes at a time: rank 0 keeps its share of cores while the others work on the other groups). The Head
-  // must be owned by a shared_ptr (the lane keeps it alive).
+  // must be owned by a shared_ptr (the lane keeps it alive). The stages keep a group's caches until a pass of the
+  // group without them (run with no chunks drops them all) or finish().
   std::shared_ptr<RemoteLayers> lane(int group, std::mutex* compute = nullptr) {
     if (group < 0 || group >= wire::kMaxGroups)
       throw input_error("pipeline::Head::lane: group " + std::to_string(group) + " (expected 0 <= group < " +
