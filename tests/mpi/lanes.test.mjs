@@ -31,7 +31,7 @@ function prompts(count, prompt, vocab) {
     [2, ...Array.from({ length: prompt - 1 }, (_, i) => 3 + ((s * 7919 + (i + 1) * 104729) % (vocab - 3)))]);
 }
 
-test("groups interleaved on 2 and 3 ranks: one batch's ids and logits bits in one process, and opt-generate's ids", () => {
+test("groups interleaved on 2 and 3 ranks: one batch's ids and logits bits in one process; opt-generate's ids", () => {
   for (const name of ["opt-tiny-odd", "opt-tiny-nofinalln-silu", "opt-tiny-realvocab", "opt-tiny-postln-proj"]) {
     const m = path.join(FIX, name);
     const vocab = JSON.parse(readFileSync(path.join(m, "config.json"), "utf8")).vocab_size;
