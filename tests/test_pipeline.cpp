@@ -230,3 +230,22 @@ TEST_CASE("continuous batching and speculative decoding through 3 stages: plain 
     CHECK(next == prompts.size());
   }
 }
+
+TEST_CASE("pass headers of groups (Head::lane): the kind carries the group; a stage's caches follow one group") {
+  const opt::Config c = opt::Config::from_file(opt_test::fixture_dir("opt-tiny-odd") / "config.json");
+  opt::KvCache a(c, 16), b(c, 16);
+  const int32_t ids[2] = {2, 10};
+  std::vector<int64_t> h;
+  opt::pipeline::encode_pass({{&a, ids, 2}}, h);
+  CHECK(h[0] == opt::pipeline::wire::kPass);  // group 0: the wire as it was
+  CHECK(opt::pipeline::pass_group(h.data(), int64_t(h.size()), "t") == 0);
+  opt::pipeline::encode_pass({{&a, ids, 2}, {&b, ids, 1}}, h, 3);
+  CHECK(opt::pipeline::pass_group(h.data(), int64_t(h.size()), "t") == 3);
+  opt::pipeline::StageCaches caches;
+  CHECK(caches.begin_pass(c, {1, 3}, h.data(), int64_t(h.size()), "t").size() == 2);
+  const int64_t stop[2] = {opt::pipeline::wire::kStop, 0};
+  CHECK(opt::pipeline::pass_group(stop, 2, "t") == -1);
+  h[0] = opt::pipeline::wire::kPass + opt::pipeline::wire::kMaxGroups;
+  CHECK_THROWS_AS(opt::pipeline::pass_group(h.data(), int64_t(h.size()), "t"), opt::format_error);
+  CHECK_THROWS_AS(caches.begin_pass(c, {1, 3}, h.data(), int64_t(h.size()), "t"), opt::format_error);
+}

@@ -14,15 +14,22 @@
 //
 // The wire: per pass, a header of int64 (kind, chunk count, then per chunk its key, cache size before the pass,
 // new tokens, cache capacity, cache element type) and then the [tokens, hidden] floats. A stage keeps one KvCache
-// (of its own layers) per key: a chunk whose cache is empty on rank 0 starts a new one, a smaller size rolls the stage's back
-// (speculative decoding), and a stage forgets the caches of sequences absent from a pass. So the contract is
-// opt::Batch's: every live sequence takes part in every pass. A pass holds the Head's mutex from send to receive.
+// (of its own layers) per key: a chunk whose cache is empty on rank 0 starts a new one, a smaller size rolls the
+// stage's back (speculative decoding), and a stage forgets the caches of sequences absent from a pass. So the
+// contract is opt::Batch's: every live sequence takes part in every pass.
+//
+// Micro-batches (Head::lane): independent groups of sequences in flight at once, so that the ranks work on
+// different groups at the same time instead of waiting for the one pass in flight. Each group is its own stream
+// of passes (the pass kind carries the group; the "every live sequence in every pass" rule holds per group) and
+// is driven by its own host thread with its own Model copy (set_remote_layers(head->lane(g))) and Workspace.
+// Group 0 is Head::run's: without lanes the wire is what it always was.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,34 +61,47 @@ inline LoadOptions stage_options(LoadOptions base, int64_t n_layers, int ranks, 
   return base;
 }
 
-// The wire format of a pass's header (int64 values): kind, chunk count, then per chunk its key (the KvCache's
-// address on rank 0), the cache size before the pass, new tokens, cache capacity, cache element type.
+// The wire format of a pass's header (int64 values): kind (kStop, or kPass + the pass's group), chunk count, then
+// per chunk its key (the KvCache's address on rank 0), the cache size before the pass, new tokens, cache
+// capacity, cache element type.
 namespace wire {
 constexpr int64_t kStop = 0, kPass = 1;
 constexpr int64_t kFixed = 2, kPerChunk = 5;
+constexpr int64_t kMaxGroups = 1024;  // groups 0 .. kMaxGroups - 1 (Head::lane)
 }  // namespace wire
 
-// The header of a pass over `chunks` (rank 0's caches).
-inline void encode_pass(const std::vector<SequenceChunk>& chunks, std::vector<int64_t>& header) {
-  header.assign({wire::kPass, int64_t(chunks.size())});
+// The header of a pass over `chunks` (rank 0's caches) of group `group` (0 <= group < wire::kMaxGroups).
+inline void encode_pass(const std::vector<SequenceChunk>& chunks, std::vector<int64_t>& header, int group = 0) {
+  header.assign({wire::kPass + group, int64_t(chunks.size())});
   for (const SequenceChunk& ch : chunks)
     header.insert(header.end(), {int64_t(reinterpret_cast<uintptr_t>(ch.cache)), ch.cache->size(), ch.n,
                                  ch.cache->capacity(), int64_t(ch.cache->type())});
 }
 
-// A stage's KV caches, one per sequence, kept in step with rank 0's from the pass headers: a chunk whose cache is
-// empty on rank 0 starts a new one, a smaller size rolls the stage's back (rejected speculative tokens), and the
-// caches of sequences absent from a pass are dropped (so every live sequence must take part in every pass, as in
-// opt::Batch).
+// The group of the pass `header` (of `len` values; its kind is kPass + group), or -1 for a stop. Throws
+// format_error for anything else; `who` names the stage.
+inline int pass_group(const int64_t* header, int64_t len, const std::string& who) {
+  if (len >= wire::kFixed && header[0] == wire::kStop) return -1;
+  if (len < wire::kFixed || header[0] < wire::kPass || header[0] >= wire::kPass + wire::kMaxGroups)
+    throw format_error(who + ": a header of " + std::to_string(len) + " values of kind " +
+                       (len > 0 ? std::to_string(header[0]) : std::string("none")) + " (expected a stop or a pass of " +
+                       "a group below " + std::to_string(wire::kMaxGroups) + ")");
+  return int(header[0] - wire::kPass);
+}
+
+// A stage's KV caches of one group of sequences (one per sequence), kept in step with rank 0's from the pass
+// headers: a chunk whose cache is empty on rank 0 starts a new one, a smaller size rolls the stage's back (rejected
+// speculative tokens), and the caches of sequences absent from a pass are dropped (so every live sequence of the
+// group must take part in every pass of the group, as in opt::Batch).
 class StageCaches {
  public:
-  // The chunks of the pass `header` (a kPass header of `len` values) over this stage's caches; `who` names the
-  // stage in messages. Throws format_error for a malformed header, input_error for a sequence it cannot follow.
-  // `layers`: the stage's (Model::layers()), which its caches hold.
+  // The chunks of the pass `header` (a pass header of `len` values, of any group) over this stage's caches; `who`
+  // names the stage in messages. Throws format_error for a malformed header, input_error for a sequence it cannot
+  // follow. `layers`: the stage's (Model::layers()), which its caches hold.
   const std::vector<SequenceChunk>& begin_pass(const Config& c, LayerRange layers, const int64_t* header,
                                                int64_t len, const std::string& who) {
-    if (len < wire::kFixed || header[0] != wire::kPass || header[1] < 0 ||
-        len != wire::kFixed + wire::kPerChunk * header[1])
+    if (len < wire::kFixed || header[0] < wire::kPass || header[0] >= wire::kPass + wire::kMaxGroups ||
+        header[1] < 0 || len != wire::kFixed + wire::kPerChunk * header[1])
       throw format_error(who + ": a pass header of " + std::to_string(len) + " values (expected " +
                          std::to_string(wire::kFixed) + " + " + std::to_string(wire::kPerChunk) + " per chunk)");
     std::map<int64_t, KvCache> live;
@@ -142,7 +162,8 @@ OPT_NAMESPACE_BEGIN
 namespace pipeline {
 
 namespace detail {
-constexpr int kHeaderTag = 1, kHiddenTag = 2;
+// headers, hidden states between ranks, hidden states back to rank 0 (kReturnTag + the pass's group)
+constexpr int kHeaderTag = 1, kHiddenTag = 2, kReturnTag = 2;
 
 inline void check(int rc, const char* what, int peer) {
   if (rc == MPI_SUCCESS) return;
@@ -231,8 +252,11 @@ struct Traffic {
   int64_t bytes() const noexcept { return hidden_bytes + header_bytes; }
 };
 
-// Rank 0's side: the layers the other ranks hold, as a Model's remote layers.
-class Head : public RemoteLayers {
+// Rank 0's side: the layers the other ranks hold, as a Model's remote layers (group 0), and as lanes (lane(g)):
+// one stream of passes per group of sequences, several of them in flight at once from different host threads.
+// Every MPI call the Head makes holds its mutex, so MPI_THREAD_SERIALIZED is enough; a pass waits for its result
+// without holding it (other lanes send and receive meanwhile).
+class Head : public RemoteLayers, public std::enable_shared_from_this<Head> {
  public:
   // Collective with every other rank's Stage constructor (same comm): checks that the ranks' parts fit together
   // (otherwise the stages are told to stop and a config_error names the rank). comm must have >= 2 ranks.
@@ -262,25 +286,29 @@ class Head : public RemoteLayers {
     }
   }
 
+  // A pass of group 0.
   void run(const std::vector<SequenceChunk>& chunks, float* hidden, int64_t rows, int64_t dim) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (finished_) throw input_error("pipeline::Head: a pass after finish()");
-    if (dim != hidden_) throw input_error("pipeline::Head: hidden width " + std::to_string(dim));
-    encode_pass(chunks, header_);
-    const int count = int(rows * dim);
-    detail::check(MPI_Send(header_.data(), int(header_.size()), MPI_INT64_T, 1, detail::kHeaderTag, comm_),
-                  "MPI_Send of a header to", 1);
-    detail::check(MPI_Send(hidden, count, MPI_FLOAT, 1, detail::kHiddenTag, comm_), "MPI_Send of hidden states to",
-                  1);
-    detail::check(detail::recv(hidden, count, MPI_FLOAT, ranks_ - 1, detail::kHiddenTag, comm_),
-                  "MPI_Recv of hidden states from", ranks_ - 1);
-    ++traffic_.passes;
-    traffic_.tokens += rows;
-    traffic_.hidden_bytes += int64_t(ranks_) * rows * dim * int64_t(sizeof(float));
-    traffic_.header_bytes += int64_t(ranks_ - 1) * int64_t(header_.size() * sizeof(int64_t));
+    pass(0, chunks, hidden, rows, dim, nullptr);
+  }
+
+  // The remote layers of group `group` (0 <= group < wire::kMaxGroups; 0 is run()'s): for a Model copy of its
+  // own (Model::set_remote_layers), driven by one host thread; groups run concurrently, one pass in flight per
+  // group. `compute` (optional): the lane unlocks it while its pass is on the other ranks and locks it again
+  // before returning, so host threads that hold it around their forward() calls take turns on rank 0 (one of them
+  // computes at a time: rank 0 keeps its share of cores while the others work on the other groups). The Head
+  // must be owned by a shared_ptr (the lane keeps it alive). The stages keep a group's caches until a pass of the
+  // group without them (run with no chunks drops them all) or finish().
+  std::shared_ptr<RemoteLayers> lane(int group, std::mutex* compute = nullptr) {
+    if (group < 0 || group >= wire::kMaxGroups)
+      throw input_error("pipeline::Head::lane: group " + std::to_string(group) + " (expected 0 <= group < " +
+                        std::to_string(wire::kMaxGroups) + ")");
+    std::shared_ptr<Head> self = weak_from_this().lock();
+    if (!self) throw input_error("pipeline::Head::lane: the Head is not owned by a shared_ptr");
+    return std::make_shared<Lane>(std::move(self), group, compute);
   }
 
   // Tells the stages to stop (their Stage::serve_pass returns false); later passes are an input_error. Idempotent.
+  // Passes still in flight complete first (the stop follows them).
   void finish() {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
@@ -295,12 +323,88 @@ class Head : public RemoteLayers {
   int ranks() const noexcept { return ranks_; }
 
  private:
+  class Lane : public RemoteLayers {
+   public:
+    Lane(std::shared_ptr<Head> head, int group, std::mutex* compute)
+        : head_(std::move(head)), group_(group), compute_(compute) {}
+    void run(const std::vector<SequenceChunk>& chunks, float* hidden, int64_t rows, int64_t dim) override {
+      head_->pass(group_, chunks, hidden, rows, dim, compute_);
+    }
+
+   private:
+    std::shared_ptr<Head> head_;
+    int group_;
+    std::mutex* compute_;
+  };
+
+  // Polls `req` (count requests) under the mutex until they complete, without holding it in between.
+  int wait_all(MPI_Request* req, int count) {
+    int rc = MPI_SUCCESS;
+    detail::wait_for([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      int flag = 0;
+      rc = MPI_Testall(count, req, &flag, MPI_STATUSES_IGNORE);
+      return rc != MPI_SUCCESS || flag;
+    });
+    return rc;
+  }
+
+  void pass(int group, const std::vector<SequenceChunk>& chunks, float* hidden, int64_t rows, int64_t dim,
+            std::mutex* compute) {
+    if (dim != hidden_) throw input_error("pipeline::Head: hidden width " + std::to_string(dim));
+    const int count = int(rows * dim);
+    std::vector<int64_t> header;
+    encode_pass(chunks, header, group);
+    MPI_Request req[2];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) throw input_error("pipeline::Head: a pass after finish()");
+      if (!in_flight_.insert(group).second)
+        throw input_error("pipeline::Head: a pass of group " + std::to_string(group) +
+                          " while another is in flight (one host thread per group)");
+      // header and hidden states posted together: rank 1 sees every pass's two messages in a row
+      int rc = MPI_Isend(header.data(), int(header.size()), MPI_INT64_T, 1, detail::kHeaderTag, comm_, &req[0]);
+      if (rc == MPI_SUCCESS) rc = MPI_Isend(hidden, count, MPI_FLOAT, 1, detail::kHiddenTag, comm_, &req[1]);
+      if (rc != MPI_SUCCESS) in_flight_.erase(group);
+      detail::check(rc, "MPI_Isend of a pass to", 1);
+    }
+    struct Away {  // `compute` released while the pass is away, and taken back however it ends
+      std::mutex* m;
+      explicit Away(std::mutex* mu) : m(mu) {
+        if (m) m->unlock();
+      }
+      ~Away() {
+        if (m) m->lock();
+      }
+    } away(compute);
+    struct Landed {  // the group is free again however the pass ends
+      Head* h;
+      int g;
+      ~Landed() {
+        std::lock_guard<std::mutex> lock(h->mu_);
+        h->in_flight_.erase(g);
+      }
+    } landed{this, group};
+    detail::check(wait_all(req, 2), "MPI_Isend of a pass to", 1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      detail::check(MPI_Irecv(hidden, count, MPI_FLOAT, ranks_ - 1, detail::kReturnTag + group, comm_, &req[0]),
+                    "MPI_Irecv of hidden states from", ranks_ - 1);
+    }
+    detail::check(wait_all(req, 1), "MPI_Recv of hidden states from", ranks_ - 1);
+    std::lock_guard<std::mutex> lock(mu_);
+    ++traffic_.passes;
+    traffic_.tokens += rows;
+    traffic_.hidden_bytes += int64_t(ranks_) * rows * dim * int64_t(sizeof(float));
+    traffic_.header_bytes += int64_t(ranks_ - 1) * int64_t(header.size() * sizeof(int64_t));
+  }
+
   int64_t hidden_;
   int rank_ = 0, ranks_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;  // every MPI call on comm_, and the members below
   bool finished_ = false;
-  std::vector<int64_t> header_;
+  std::set<int> in_flight_;  // the groups with a pass in flight
   Traffic traffic_;
 };
 
@@ -343,15 +447,16 @@ class Stage {
     header_.resize(size_t(std::max(len, 0)));
     detail::check(MPI_Recv(header_.data(), len, MPI_INT64_T, prev, detail::kHeaderTag, comm_, MPI_STATUS_IGNORE),
                   "MPI_Recv of a header from", prev);
-    if (len >= wire::kFixed && header_[0] == wire::kStop) {
+    const std::string who = "pipeline: rank " + std::to_string(rank_);
+    const int group = pass_group(header_.data(), len, who);
+    if (group < 0) {  // the stop
       if (next != 0)
         detail::check(MPI_Send(header_.data(), len, MPI_INT64_T, next, detail::kHeaderTag, comm_),
                       "MPI_Send of the stop to", next);
       return false;
     }
     const Config& c = model_->config();
-    const std::vector<SequenceChunk>& chunks = caches_.begin_pass(c, model_->layers(), header_.data(), len,
-                                                                  "pipeline: rank " + std::to_string(rank_));
+    const std::vector<SequenceChunk>& chunks = groups_[group].begin_pass(c, model_->layers(), header_.data(), len, who);
     int64_t rows = 0;
     for (const SequenceChunk& ch : chunks) rows += ch.n;
     hidden_.resize(size_t(rows * c.hidden_size));
@@ -362,14 +467,19 @@ class Stage {
     if (next != 0)
       detail::check(MPI_Send(header_.data(), len, MPI_INT64_T, next, detail::kHeaderTag, comm_),
                     "MPI_Send of a header to", next);
-    detail::check(MPI_Send(hidden_.data(), count, MPI_FLOAT, next, detail::kHiddenTag, comm_),
+    detail::check(MPI_Send(hidden_.data(), count, MPI_FLOAT, next,
+                           next != 0 ? detail::kHiddenTag : detail::kReturnTag + group, comm_),
                   "MPI_Send of hidden states to", next);
     ++passes_;
     return true;
   }
 
   int64_t passes() const noexcept { return passes_; }
-  size_t sequences() const noexcept { return caches_.sequences(); }  // caches held
+  size_t sequences() const noexcept {  // caches held, over every group
+    size_t n = 0;
+    for (const auto& [g, caches] : groups_) n += caches.sequences();
+    return n;
+  }
 
  private:
   const Model* model_;
@@ -377,7 +487,7 @@ class Stage {
   int rank_ = 0, ranks_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<int64_t> header_;
-  StageCaches caches_;
+  std::map<int, StageCaches> groups_;  // per group of sequences (Head::lane)
   ops::aligned_vector<float> hidden_;
   int64_t passes_ = 0;
 };
