@@ -28,7 +28,7 @@ struct Simd {
   static constexpr int W = 16;
   static constexpr int kMR = 8, kNP = 2;  // 8 tokens x 2 panels: 16 accumulators of the 32 registers
   static constexpr int kRegs = 32;
-  static constexpr int np_for(int m) { return m == 1 ? 8 : m <= 3 ? 4 : 2; }
+  static constexpr int np_for(int m) { return m <= 2 ? 8 : m <= 4 ? 4 : 2; }
   using V = __m512;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
