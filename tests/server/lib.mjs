@@ -21,7 +21,8 @@ export function goldens() {
     const gen = c.generate;
     const rows = gen.alone ?? gen.decoded.map((d, i) => ({ decoded: d, decoded_new: gen.decoded_new[i],
                                                            new_tokens: gen.new_tokens[i] }));
-    c.texts.forEach((t, i) => alone.set(t, { ...rows[i], prompt_ids: c.prompts[i], max_new_tokens: gen.max_new_tokens }));
+    c.texts.forEach((t, i) =>
+      alone.set(t, { ...rows[i], prompt_ids: c.prompts[i], max_new_tokens: gen.max_new_tokens }));
   }
   return alone;
 }

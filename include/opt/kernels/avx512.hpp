@@ -55,7 +55,9 @@ struct Simd {
     return _mm512_castsi512_ps(_mm512_or_si512(mag, sgn));
   }
   static void keep(V& v) { __asm__("" : "+v"(v)); }
-  static V load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static V load_bf16(const uint16_t* p) {
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
