@@ -6,7 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <opt/detail/large_alloc.hpp>
 #include <opt/ops.hpp>
 #include <opt/ops_ref.hpp>
 #include <opt/quantize.hpp>
@@ -351,4 +353,40 @@ TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
   }
   MESSAGE(compared << " ISA(s) compared with scalar over " << want.size() << " values");
   opt::kernels::set_isa(was);
+}
+
+TEST_CASE("large buffers: 2 MiB-aligned huge-page mappings, zeroed, usable to the last byte; small ones as before") {
+  using opt::detail::kHugePage;
+  using opt::detail::kLargeAllocation;
+  for (size_t bytes : {kLargeAllocation, kLargeAllocation + 1, 3 * kHugePage + 12345, size_t(64) << 20}) {
+    INFO("bytes " << bytes);
+    void* p = opt::detail::large_alloc(bytes, 64);
+    REQUIRE(p != nullptr);
+#if defined(__linux__)
+    CHECK(reinterpret_cast<uintptr_t>(p) % kHugePage == 0);
+#endif
+    const unsigned char* c = static_cast<const unsigned char*>(p);
+    CHECK(c[0] == 0);
+    CHECK(c[bytes - 1] == 0);
+    std::memset(p, 0xA5, bytes);  // every byte writable (ASan / a fault would say otherwise)
+    CHECK(c[bytes / 2] == 0xA5);
+    opt::detail::large_free(p, bytes, 64);
+  }
+  void* small = opt::detail::large_alloc(1000, 64);
+  CHECK(reinterpret_cast<uintptr_t>(small) % 64 == 0);
+  opt::detail::large_free(small, 1000, 64);
+  opt::detail::large_free(nullptr, kLargeAllocation, 64);  // no-op
+
+  // the weights' and caches' containers: a large vector is a huge-page mapping, grows and shrinks like any other
+  opt::ops::aligned_vector<float> v(kLargeAllocation / sizeof(float) + 7, 1.5f);
+#if defined(__linux__)
+  CHECK(reinterpret_cast<uintptr_t>(v.data()) % kHugePage == 0);
+#endif
+  v.resize(v.size() * 2, 2.5f);
+  CHECK(v.front() == 1.5f);
+  CHECK(v.back() == 2.5f);
+  v.resize(10);
+  v.shrink_to_fit();
+  CHECK(reinterpret_cast<uintptr_t>(v.data()) % 64 == 0);
+  CHECK(v[9] == 1.5f);
 }

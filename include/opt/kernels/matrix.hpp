@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "opt/detail/fp16.hpp"
+#include "opt/detail/large_alloc.hpp"
 #include "opt/dtype.hpp"
 #include "opt/thread_pool.hpp"
 
@@ -47,7 +48,8 @@ struct MatrixRef {
 
 namespace ops {
 
-// std::allocator with 64-byte (cache line, one AVX-512 vector) alignment.
+// std::allocator with 64-byte (cache line, one AVX-512 vector) alignment; buffers of 4 MiB and more are
+// 2 MiB-aligned mappings backed by transparent huge pages where the system allows (detail/large_alloc.hpp).
 template <class T>
 struct AlignedAllocator {
   using value_type = T;
@@ -55,8 +57,11 @@ struct AlignedAllocator {
   AlignedAllocator() = default;
   template <class U>
   AlignedAllocator(const AlignedAllocator<U>&) noexcept {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(kAlign))); }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t(kAlign)); }
+  T* allocate(std::size_t n) {
+    if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();
+    return static_cast<T*>(detail::large_alloc(n * sizeof(T), kAlign));
+  }
+  void deallocate(T* p, std::size_t n) noexcept { detail::large_free(p, n * sizeof(T), kAlign); }
   template <class U>
   bool operator==(const AlignedAllocator<U>&) const noexcept { return true; }
   template <class U>
