@@ -157,7 +157,11 @@ double read_pass(opt::ThreadPool& pool, const float* buf, size_t n, int variant)
 constexpr size_t kBandwidthBytes = size_t(512) << 20;
 
 // GB/s (1e9 bytes) of one pass over buf.
-double read_gbps(opt::ThreadPool& pool, const std::vector<float>& buf, int variant) {
+// The buffer the floors read: the same allocator as the model's weights (huge pages where the system gives them),
+// so the floor pays the same TLB costs as the kernels do.
+using FloorBuffer = opt::ops::aligned_vector<float>;
+
+double read_gbps(opt::ThreadPool& pool, const FloorBuffer& buf, int variant) {
   auto t0 = clk::now();
   benchmark::DoNotOptimize(read_pass(pool, buf.data(), buf.size(), variant));
   return double(buf.size() * sizeof(float)) / (ms_since(t0) * 1e6);
@@ -171,7 +175,7 @@ struct ReadFloor {
 const ReadFloor& read_floor(size_t threads) {
   static std::map<size_t, ReadFloor> memo;
   if (memo.count(threads)) return memo[threads];
-  std::vector<float> buf(kBandwidthBytes / 4, 1.0f);
+  FloorBuffer buf(kBandwidthBytes / 4, 1.0f);
   opt::ThreadPool pool(threads);
   ReadFloor best;
   for (int v = 0; v < opt_bench::kReadVariants; ++v) {
@@ -194,7 +198,7 @@ class FloorProbe {
   double gbps() const { return median(gbps_); }
 
  private:
-  std::vector<float> buf_;
+  FloorBuffer buf_;
   opt::ThreadPool pool_;
   std::vector<double> gbps_;
 };
