@@ -315,13 +315,13 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         for (int v = 0; v < VP; ++v) Simd::store(out + m * ldo + p * ps + v * W, acc[m][p][v]);
 }
 
-// A tile of m tokens over np panels: one call when that shape is compiled (Simd::np_for(m) panels, or kNP for a
+// A tile of m tokens over np panels: one call when that shape is compiled (Simd::np_for panels, or kNP for a
 // full-height tile), else panel by panel. The shapes hold enough independent accumulators to hide the FMA
 // latency within the registers.
 template <dtype T, int M>
 inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out,
                    int64_t ldo, int64_t ps) {
-  constexpr int NPm = Simd::np_for(M);
+  constexpr int NPm = Simd::np_for(M, int(col_bytes_c(T)));
   if constexpr (NPm > 1) {
     if (np == NPm) return tile<T, M, NPm>(x, ldx, K, w, p0, out, ldo, ps);
   }
@@ -377,7 +377,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   constexpr int64_t P = ops::kPanel;
   alignas(64) float out[Simd::kMR * 8 * P];  // [token of the tile][panel][P]
   if (n <= Simd::kMR) {
-    const int group = Simd::np_for(int(n));
+    const int group = Simd::np_for(int(n), int(col_bytes_c(T)));
     for (int64_t p = p0; p < p1;) {
       const int np = p + group <= p1 ? group : 1;
       tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P);
