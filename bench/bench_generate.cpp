@@ -156,11 +156,11 @@ double read_pass(opt::ThreadPool& pool, const float* buf, size_t n, int variant)
 // A buffer far larger than any cache (the f32 opt-125m weights were 495 MB).
 constexpr size_t kBandwidthBytes = size_t(512) << 20;
 
-// GB/s (1e9 bytes) of one pass over buf.
 // The buffer the floors read: the same allocator as the model's weights (huge pages where the system gives them),
 // so the floor pays the same TLB costs as the kernels do.
 using FloorBuffer = opt::ops::aligned_vector<float>;
 
+// GB/s (1e9 bytes) of one pass over buf.
 double read_gbps(opt::ThreadPool& pool, const FloorBuffer& buf, int variant) {
   auto t0 = clk::now();
   benchmark::DoNotOptimize(read_pass(pool, buf.data(), buf.size(), variant));

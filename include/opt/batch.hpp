@@ -354,7 +354,7 @@ class Batch {
     out.back().logits = logits;
     if (on_token && !on_token(out.back()) && !out.back().finished) stop(id);
   }
-  // chosen_[i] = the token the sampler of compute()'s sequence i picks from its logits, the sequences spread over
+  // chosen_[i] = choose() of compute()'s sequence i, the sequences spread over
   // the workspace's threads (each sampler reads only its own logits and history and draws from its own stream, so
   // the tokens are those of picking them one by one; with 16 sequences a scalar argmax over 50272 logits each cost
   // ~5% of opt-serve's step on one thread while the other waited).
@@ -364,7 +364,7 @@ class Batch {
     const auto pick = [&](size_t b, size_t e) {
       for (size_t i = b; i < e; ++i) {
         try {
-          chosen_[i] = live_[i]->sampler.sample(ls[i].logits, ls[i].size, live_[i]->tokens);
+          chosen_[i] = choose(ls[i]);
         } catch (...) {
           failed_[i] = std::current_exception();
         }

@@ -27,18 +27,19 @@ constexpr std::size_t kLargeAllocation = std::size_t(4) << 20;
 
 inline std::size_t huge_round(std::size_t bytes) noexcept { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
 
-// `bytes` of zeroed memory aligned to at least `align` (<= 2 MiB); std::bad_alloc when there is none.
+// `bytes` of memory aligned to at least `align` (<= 2 MiB), zeroed when it is a mapping (bytes >=
+// kLargeAllocation on Linux); std::bad_alloc when there is none.
 inline void* large_alloc(std::size_t bytes, std::size_t align) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (bytes >= kLargeAllocation) {
     const std::size_t len = huge_round(bytes);
     void* raw = ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) throw std::bad_alloc();
-    // keep the 2 MiB-aligned [p, p + len) of the mapping, return the rest
+    // keep the 2 MiB-aligned [p, p + len) of the mapping, return the rest (the tail is never empty: p < b + 2 MiB)
     const std::uintptr_t b = reinterpret_cast<std::uintptr_t>(raw);
-    const std::uintptr_t p = (b + kHugePage - 1) / kHugePage * kHugePage;
+    const std::uintptr_t p = huge_round(b);
     if (p > b) ::munmap(raw, p - b);
-    if (b + kHugePage > p) ::munmap(reinterpret_cast<void*>(p + len), b + kHugePage - p);
+    ::munmap(reinterpret_cast<void*>(p + len), b + kHugePage - p);
     ::madvise(reinterpret_cast<void*>(p), len, MADV_HUGEPAGE);  // a hint: ignored where THP is off
     return reinterpret_cast<void*>(p);
   }
