@@ -186,13 +186,17 @@ inline void finish16(const ops::LinearSeg& g, int64_t r, const float* v, float* 
   }
 }
 
-// Weights are prefetched kPrefetch bytes ahead into L2, not L1 (locality 2: prefetcht1 on x86, PLDL2KEEP on
-// ARM). On Zen 4 the L1 hint (prefetcht0) cut a single GEMV stream to 11-13 GB/s against 19-22 with the L2 hint;
-// out-of-cache GEMVs on 2 threads went from ~21-25 to ~30-40 GB/s.
-constexpr int64_t kPrefetch = 2048;
+// Weights are prefetched into L2, not L1 (locality 2: prefetcht1 on x86, PLDL2KEEP on ARM). On Zen 4 the L1 hint
+// (prefetcht0) cut a single GEMV stream to 11-13 GB/s against 19-22 with the L2 hint; out-of-cache GEMVs on 2
+// threads went from ~21-25 to ~30-40 GB/s.
 constexpr int kPrefetchLocality = 2;
 // Bytes of one panel column of weights of type T.
 constexpr int64_t col_bytes_c(dtype t) { return int64_t(ops::panel_column_bytes(t)); }
+// How far ahead in a panel: 64 columns, at most 2 KiB (f32 and the 16-bit types 2 KiB, I8 1 KiB, I4 512 bytes).
+// Counted in columns because a column is what the tile consumes per step: on Zen 5 an I8 decode (12 layers of
+// opt-125m shapes out of cache, 1 thread) streamed 28-30 GB/s with 1 KiB against 22-26 with 2 KiB and 18-21 with
+// 8 KiB.
+constexpr int64_t prefetch_distance(dtype t) { return std::min<int64_t>(2048, 64 * col_bytes_c(t)); }
 
 // Vector v (W weights of consecutive rows) of panel column k, widened to f32 (I8: the integer q).
 template <dtype T>
@@ -248,7 +252,13 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   const int64_t B = kI8 ? w.block : K;
   const int64_t nb = kI8 && K > 0 ? (K + B - 1) / B : 1;  // blocks of columns (one for float weights)
   constexpr int64_t kColBytes = col_bytes_c(T);
-  constexpr int64_t kPfEvery = T == dtype::I4 ? 64 / kColBytes : 1;  // columns per prefetch
+  constexpr int64_t kPrefetch = prefetch_distance(T);
+  constexpr int64_t kPfEvery = kColBytes >= 64 ? 1 : 64 / kColBytes;  // columns per prefetch: one a cache line
+  // the first kPrefetch bytes of every panel, which the prefetches below run ahead of
+  OPT_K_UNROLL
+  for (int p = 0; p < NP; ++p)
+    for (int64_t o = 0; o < std::min<int64_t>(kPrefetch, K * kColBytes); o += 64)
+      __builtin_prefetch(pp[p] + o, 0, kPrefetchLocality);
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t kb = b * B;
     OPT_K_UNROLL
@@ -260,7 +270,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
     const int64_t ke = std::min(K, kb + B);
     for (int64_t k = kb; k < ke; ++k) {
       // a panel is one long sequential stream: ask for it kPrefetch bytes ahead (one or two streams per core
-      // are too few for the hardware prefetcher at decode's rate); I4 columns are 8 bytes: once a cache line
+      // are too few for the hardware prefetcher at decode's rate), once a cache line
       if (kPfEvery == 1 || (k & (kPfEvery - 1)) == 0)
         OPT_K_UNROLL
         for (int p = 0; p < NP; ++p) __builtin_prefetch(pp[p] + k * kColBytes + kPrefetch, 0, kPrefetchLocality);
