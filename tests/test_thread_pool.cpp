@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <opt/thread_pool.hpp>
 #include <vector>
 
@@ -53,13 +54,26 @@ TEST_CASE("thread pool: 100k jobs back to back, each chunk exactly once") {
 }
 
 TEST_CASE("thread pool: parallel_for covers [0, n) once for odd sizes and grains") {
-  opt::ThreadPool pool(2);
-  for (size_t n : {1, 2, 7, 64, 1000, 4097})
-    for (size_t grain : {1, 3, 16, 5000}) {
-      std::vector<int> seen(n, 0);
-      pool.parallel_for(n, grain, [&](size_t b, size_t e) {
-        for (size_t i = b; i < e; ++i) ++seen[i];
-      });
-      CHECK(std::count(seen.begin(), seen.end(), 1) == long(n));
-    }
+  for (size_t threads : {2, 3}) {
+    opt::ThreadPool pool(threads);
+    for (size_t n : {1, 2, 7, 64, 1000, 4097, 1000003})  // (1000003 by 1: more blocks than the chunks cap)
+      for (size_t grain : {1, 3, 16, 5000}) {
+        std::vector<int> seen(n, 0);
+        std::atomic<size_t> chunks{0}, misaligned{0}, smallest{n};
+        pool.parallel_for(n, grain, [&](size_t b, size_t e) {
+          for (size_t i = b; i < e; ++i) ++seen[i];
+          ++chunks;
+          if (b % grain != 0 || (e % grain != 0 && e != n)) ++misaligned;
+          size_t s = smallest.load();
+          while (e != n && e - b < s && !smallest.compare_exchange_weak(s, e - b)) {  // (the last may be partial)
+          }
+        });
+        CHECK(std::count(seen.begin(), seen.end(), 1) == long(n));
+        CHECK(misaligned.load() == 0);
+        // guided: O(threads * log(blocks)) chunks, shrinking to one block (a grain) at the end
+        const double blocks = double((n + grain - 1) / grain);
+        CHECK(double(chunks.load()) <= 2.0 * double(threads) * (2.0 + std::log(blocks)));
+        if (n / grain >= 4 * threads) CHECK(smallest.load() == grain);
+      }
+  }
 }
