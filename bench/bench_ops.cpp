@@ -86,7 +86,7 @@ void BM_Linear(benchmark::State& state) {
 // compute rate, not the memory's
 BENCHMARK(BM_Linear)
     ->ArgsProduct({{1}, {3072}, {768}, {0, 1, 2, 3, 4}, {1, 2}})
-    ->ArgsProduct({{1}, {256}, {768}, {0, 1, 2, 3, 4}, {1}})  // L2-resident: each dtype's compute ceiling
+    ->ArgsProduct({{1}, {256}, {768}, {0, 1, 2, 3, 4}, {1}})
     ->Args({1, 768, 3072, 0, 2})
     ->Args({1, 50272, 768, 0, 2})
     ->Args({1, 50272, 768, 2, 2})

@@ -56,7 +56,7 @@ TEST_CASE("thread pool: 100k jobs back to back, each chunk exactly once") {
 TEST_CASE("thread pool: parallel_for covers [0, n) once for odd sizes and grains") {
   for (size_t threads : {2, 3}) {
     opt::ThreadPool pool(threads);
-    for (size_t n : {1, 2, 7, 64, 1000, 4097, 1000003})  // (1000003 by 1: more blocks than the chunks cap)
+    for (size_t n : {1, 2, 7, 64, 1000, 4097, 1000003})  // (1000003 by 1: ~47 and ~71 chunks)
       for (size_t grain : {1, 3, 16, 5000}) {
         std::vector<int> seen(n, 0);
         std::atomic<size_t> chunks{0}, misaligned{0}, smallest{n};

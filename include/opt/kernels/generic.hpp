@@ -194,7 +194,7 @@ constexpr int kPrefetchLocality = 2;
 constexpr int64_t col_bytes_c(dtype t) { return int64_t(ops::panel_column_bytes(t)); }
 // How far ahead in a panel: 64 columns, at most 2 KiB (f32 and the 16-bit types 2 KiB, I8 1 KiB, I4 512 bytes).
 // Counted in columns because a column is what the tile consumes per step: on Zen 5 an I8 decode (12 layers of
-// opt-125m shapes out of cache, 1 thread) streamed 28-30 GB/s with 1 KiB against 22-26 with 2 KiB and 18-21 with
+// opt-125m shapes out of cache, 1 thread) streamed 27-29 GB/s with 1 KiB against 22-26 with 2 KiB and 18-21 with
 // 8 KiB.
 constexpr int64_t prefetch_distance(dtype t) { return std::min<int64_t>(2048, 64 * col_bytes_c(t)); }
 
