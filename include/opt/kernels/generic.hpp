@@ -514,49 +514,83 @@ struct Kv<dtype::BF16> {
   static float one(const E* p) { return opt::detail::bf16_to_f32(*p); }
 };
 
+// s[j][t] = q_j · k[t] for NQ queries and NK keys from t (each score its own chain of 16 lanes over d, then
+// reduce16: the same operations whatever NK).
+template <dtype T, int NQ, int NK>
+inline void attention_scores_nk(const float* q, int64_t qstride, int64_t t, const typename Kv<T>::E* k, int64_t ld,
+                                int64_t hd, const float (*qt)[16], float* const* s) {
+  const int64_t full = hd / 16 * 16;
+  V acc[NK][NQ][VP];
+  OPT_K_UNROLL
+  for (int i = 0; i < NK; ++i)
+    OPT_K_UNROLL
+    for (int j = 0; j < NQ; ++j)
+      OPT_K_UNROLL
+      for (int c = 0; c < VP; ++c) acc[i][j][c] = Simd::zero();
+  const typename Kv<T>::E* kr = k + t * ld;
+  for (int64_t d = 0; d < full; d += 16)
+    OPT_K_UNROLL
+    for (int c = 0; c < VP; ++c) {
+      V qv[NQ];
+      OPT_K_UNROLL
+      for (int j = 0; j < NQ; ++j) qv[j] = Simd::load(q + j * qstride + d + c * W);
+      OPT_K_UNROLL
+      for (int i = 0; i < NK; ++i) {
+        const V kv = Kv<T>::load(kr + i * ld + d + c * W);
+        OPT_K_UNROLL
+        for (int j = 0; j < NQ; ++j) acc[i][j][c] = Simd::fma(qv[j], kv, acc[i][j][c]);
+      }
+    }
+  if (full < hd) {
+    alignas(64) float kt[16] = {};
+    OPT_K_UNROLL
+    for (int i = 0; i < NK; ++i) {
+      for (int64_t e = 0; full + e < hd; ++e) kt[e] = Kv<T>::one(kr + i * ld + full + e);
+      OPT_K_UNROLL
+      for (int c = 0; c < VP; ++c) {
+        const V kv = Simd::load(kt + c * W);
+        OPT_K_UNROLL
+        for (int j = 0; j < NQ; ++j) acc[i][j][c] = Simd::fma(Simd::load(qt[j] + c * W), kv, acc[i][j][c]);
+      }
+    }
+  }
+  OPT_K_UNROLL
+  for (int i = 0; i < NK; ++i) {
+    if constexpr (NQ == 4) {
+      float r[4];
+      Simd::reduce16x4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], r);
+      OPT_K_UNROLL
+      for (int j = 0; j < 4; ++j) s[j][t + i] = r[j];
+    } else {
+      OPT_K_UNROLL
+      for (int j = 0; j < NQ; ++j) s[j][t + i] = Simd::reduce16(acc[i][j]);
+    }
+  }
+}
+
+// Keys a score pass takes at once: independent chains enough to hide the FMA latency where the registers hold them
+// (AVX-512 4 keys x 4 queries; AVX2 and NEON, whose 16 lanes take 2 or 4 registers, one key).
+template <int NQ>
+constexpr int score_keys() {
+  const int nk = (Simd::kRegs - 2 * NQ * VP) / (NQ * VP);
+  return nk < 1 ? 1 : nk > 4 ? 4 : nk;
+}
+
 // s[j][t] = q_j · k[t] for NQ queries and keys [t0, t1).
 template <dtype T, int NQ>
 inline void attention_scores(const float* q, int64_t qstride, int64_t t0, int64_t t1, const typename Kv<T>::E* k,
                              int64_t ld, int64_t hd, float* const* s) {
   const int64_t full = hd / 16 * 16;
   // q's partial last 16-lane chunk, zero-padded (the padding adds +0 products)
-  alignas(64) float qt[NQ][16] = {}, kt[16] = {};
+  alignas(64) float qt[NQ][16] = {};
   if (full < hd)
     for (int j = 0; j < NQ; ++j)
       for (int64_t e = 0; full + e < hd; ++e) qt[j][e] = q[j * qstride + full + e];
-  for (int64_t t = t0; t < t1; ++t) {
-    V acc[NQ][VP];
-    OPT_K_UNROLL
-    for (int j = 0; j < NQ; ++j)
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) acc[j][c] = Simd::zero();
-    const typename Kv<T>::E* kr = k + t * ld;
-    for (int64_t d = 0; d < full; d += 16)
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) {
-        const V kv = Kv<T>::load(kr + d + c * W);
-        OPT_K_UNROLL
-        for (int j = 0; j < NQ; ++j) acc[j][c] = Simd::fma(Simd::load(q + j * qstride + d + c * W), kv, acc[j][c]);
-      }
-    if (full < hd) {
-      for (int64_t e = 0; full + e < hd; ++e) kt[e] = Kv<T>::one(kr + full + e);
-      OPT_K_UNROLL
-      for (int c = 0; c < VP; ++c) {
-        const V kv = Simd::load(kt + c * W);
-        OPT_K_UNROLL
-        for (int j = 0; j < NQ; ++j) acc[j][c] = Simd::fma(Simd::load(qt[j] + c * W), kv, acc[j][c]);
-      }
-    }
-    if constexpr (NQ == 4) {
-      float r[4];
-      Simd::reduce16x4(acc[0], acc[1], acc[2], acc[3], r);
-      OPT_K_UNROLL
-      for (int j = 0; j < 4; ++j) s[j][t] = r[j];
-    } else {
-      OPT_K_UNROLL
-      for (int j = 0; j < NQ; ++j) s[j][t] = Simd::reduce16(acc[j]);
-    }
-  }
+  constexpr int NK = Simd::id == isa::scalar ? 1 : score_keys<NQ>();
+  int64_t t = t0;
+  if constexpr (NK > 1)
+    for (; t + NK <= t1; t += NK) attention_scores_nk<T, NQ, NK>(q, qstride, t, k, ld, hd, qt, s);
+  for (; t < t1; ++t) attention_scores_nk<T, NQ, 1>(q, qstride, t, k, ld, hd, qt, s);
 }
 
 // out[j][d + e], e < DC * 16, of NQ queries: the chain over keys t in [t0, t1) with t < len[j], continued from out
