@@ -6,7 +6,7 @@
 //   BM_PeakFlops       FMA peak: independent chains of the widest FMA this CPU has, per thread (1 and 2 threads)
 //   BM_Decode          batch 1, 7-token prompt, 50 new tokens: ms/token, and x_floor = ms / (bytes per token / BW)
 //   BM_Seed4           4 prompts of 3-7 tokens, 50 new tokens: ms/step, total ms, step / batch-1 step
-//   BM_Prefill512      one 512-token pass: ms, and x_floor = ms / (FLOPs / peak FLOP/s)
+//   BM_Prefill512      one 512-token pass: ms, and x_floor = ms / (FLOPs / the 2-thread FMA peak measured beside it)
 //   BM_LoadTTFT        Model::load + Workspace + first forward of a 7-token prompt (warm page cache), and the
 //                      prompt pass alone on the loaded model (prompt7_warm_ms)
 //   BM_LoadCold        Model::load after the checkpoint's pages are dropped from the page cache (posix_fadvise
@@ -221,6 +221,27 @@ double peak_flops(size_t threads) {
   return memo[threads] = median(r);
 }
 
+// The FMA peak drifts as the bandwidth does (2 threads read 230-457 GFLOP/s here within minutes: the host at
+// times runs both vCPUs on one core), so prefill measures its floor beside itself too: one 2-thread pass before
+// each repetition and one after the last (each ~25 ms: shorter ones caught the host's hiccups and read half the
+// peak); x_floor is the median time against the median of these passes, x_floor_run_peak the same against the
+// 2-thread peak measured at the start of the run (BM_PeakFlops/2).
+class PeakProbe {
+ public:
+  PeakProbe() : pool_(2) {}
+  void pass() {
+    double flops[2] = {0, 0};
+    auto t0 = clk::now();
+    pool_.run([&](size_t t) { flops[t] = opt_bench::fma_chains(160'000'000 / 16); });  // ~25 ms
+    gflops_.push_back((flops[0] + flops[1]) / (ms_since(t0) * 1e6));
+  }
+  double gflops() const { return median(gflops_); }
+
+ private:
+  opt::ThreadPool pool_;
+  std::vector<double> gflops_;
+};
+
 // Which kernels ran and which the floors used: every figure carries them.
 void label_isa(benchmark::State& state) {
   state.SetLabel(std::string("kernels=") + opt::kernels::to_string(opt::kernels::active_isa()) +
@@ -364,23 +385,28 @@ void BM_Prefill512(benchmark::State& state, std::string type) {
   for (int64_t i = 0; i < T; ++i) ids[size_t(i)] = int32_t((i * 7919 + 3) % m.config().vocab_size);
   opt::KvCache kv(m.config(), T);
   std::vector<double> ms;
+  PeakProbe probe;
   for (auto _ : state) {
     for (int r = 0; r < std::max(3, reps() / 2 + 1); ++r) {
+      probe.pass();
       kv.clear();
       auto t0 = clk::now();
       benchmark::DoNotOptimize(m.forward({{&kv, ids.data(), T}}, ws).data);
       ms.push_back(ms_since(t0));
     }
+    probe.pass();
     state.SetIterationTime(median(ms) * 1e-3);
   }
   const double flops = prefill_flops(m.config(), double(T));
   const double t = median(ms);
-  const double floor2 = flops / peak_flops(2) * 1e3;
+  const double floor2 = flops / (probe.gflops() * 1e9) * 1e3;
   state.counters["ms"] = t;
+  state.counters["floor_GFLOPs"] = probe.gflops();
   state.counters["tok_per_s"] = double(T) / (t * 1e-3);
   state.counters["GFLOPs"] = flops / (t * 1e6);
   state.counters["floor_ms"] = floor2;
   state.counters["x_floor"] = t / floor2;
+  state.counters["x_floor_run_peak"] = t / (flops / peak_flops(2) * 1e3);
   if (threads != 2) state.counters["x_floor_same_threads"] = t / (flops / peak_flops(threads) * 1e3);
 }
 
