@@ -3,7 +3,8 @@
 //   BM_Plain/<workload>            ms per new token of plain greedy decoding (the prompt pass included)
 //   BM_Spec/<drafter>/<workload>   the same with speculative decoding: ms/token, speedup = plain / speculative,
 //                                  acceptance (accepted / proposed drafts) and tokens per model pass
-// Drafters: self_int8 (the model's own weights quantized to int8 at load, LM head too), self_int4 (to int4, the
+// Drafters: self_int8 (the model's own weights quantized to int8 at load, LM head too), self_int8_approx (the same
+// on the CPU's int8 dot products, LoadOptions::approximate_int8: AVX-512 VNNI), self_int4 (to int4, the
 // LM head as stored), lookup (prompt lookup, n-grams up to 3),
 // draft_125m (a random opt-125m: a poor guesser, as any unrelated draft of random weights must be), never (proposes
 // a wrong token every time: the cost of a drafter that never guesses right, with adaptive K).
@@ -125,10 +126,11 @@ std::unique_ptr<opt::Drafter> make_drafter(const std::string& d, const std::vect
   if (d == "never") return std::make_unique<NeverDrafter>(prompt, plain, target().config().vocab_size);
   auto& m = drafts[d];
   if (!m) {
-    if (d == "self_int8" || d == "self_int4") {
+    if (d == "self_int8" || d == "self_int8_approx" || d == "self_int4") {
       opt::LoadOptions lo;
-      lo.quantize = d == "self_int8" ? opt::quantization::int8 : opt::quantization::int4;
-      lo.quantize_lm_head = d == "self_int8";  // int4: the LM head as stored (an int4 one guesses far worse)
+      lo.quantize = d == "self_int4" ? opt::quantization::int4 : opt::quantization::int8;
+      lo.quantize_lm_head = d != "self_int4";  // int4: the LM head as stored (an int4 one guesses far worse)
+      lo.approximate_int8 = d == "self_int8_approx";
       m = std::make_unique<opt::Model>(opt::Model::load(checkpoint(g_model, g_format), lo));
     } else {
       m = std::make_unique<opt::Model>(opt::Model::load(checkpoint("opt-125m", "bf16")));
@@ -189,7 +191,7 @@ int main(int argc, char** argv) {
   for (const char* w : {"prompt", "repeat"}) {
     benchmark::RegisterBenchmark((std::string("BM_Plain/") + w).c_str(), BM_Plain, std::string(w))
         ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
-    for (const char* d : {"self_int8", "self_int4", "lookup", "draft_125m", "never"})
+    for (const char* d : {"self_int8", "self_int8_approx", "self_int4", "lookup", "draft_125m", "never"})
       benchmark::RegisterBenchmark((std::string("BM_Spec/") + d + "/" + w).c_str(), BM_Spec, std::string(d),
                                    std::string(w))
           ->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);

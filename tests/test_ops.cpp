@@ -44,6 +44,13 @@ void for_each_isa(F&& body) {
   }
   opt::kernels::set_isa(was);
 }
+bool vnni_vbmi() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
+}
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -83,6 +90,49 @@ TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, til
           // thread-count invariance
           opt::ops::linear(pool3, x.data(), n, w.ref, b.data(), g3.data());
           CHECK(g3 == got);
+        }
+  });
+}
+
+TEST_CASE("approximate int8 (LinearSeg::approximate): within the inputs' quantization error, exact where unused") {
+  // Where the ISA has int8 dot products (AVX-512 VNNI + VBMI) one token's I8 linear runs on x quantized per block
+  // to round(x / s), s = max|x| / 127: each output moves by at most sum_k |w_rk| s_b(k) / 2 from the exact one.
+  // Elsewhere (another ISA, more tokens, columns not a multiple of 4, other weight types) it is the exact kernel.
+  opt::ThreadPool pool(2);
+  for_each_isa([&](opt::kernels::isa i) {
+    for (int64_t K : {64, 300, 1100, 2061})
+      for (int64_t R : {1, 18, 100})
+        for (int64_t n : {1, 2}) {
+          INFO("n=" << n << " R=" << R << " K=" << K);
+          W w = make(opt::dtype::I8, R, K, uint32_t(K * 7 + R));
+          std::vector<float> x = randu(size_t(n * K), uint32_t(K + n), 3.0f), b = randu(size_t(R), 9);
+          std::vector<float> exact(size_t(n * R)), approx(size_t(n * R));
+          opt::ops::Epilogue ep;
+          ep.has_act = true, ep.act = opt::activation::gelu;
+          opt::ops::linear(pool, x.data(), n, w.ref, b.data(), exact.data(), ep);
+          opt::ops::linear(pool, x.data(), n, w.ref, b.data(), approx.data(), ep, true);
+          const bool used = i == opt::kernels::isa::avx512 && n == 1 && K % 4 == 0 && vnni_vbmi();
+          if (!used) {
+            CHECK(same_bits(exact, approx));
+            continue;
+          }
+          // the bound, on the sums before the epilogue
+          std::vector<float> pre_e(static_cast<size_t>(R)), pre_a(static_cast<size_t>(R));
+          opt::ops::linear(pool, x.data(), 1, w.ref, b.data(), pre_e.data());
+          opt::ops::linear(pool, x.data(), 1, w.ref, b.data(), pre_a.data(), {}, true);
+          const int64_t B = w.ref.block;
+          for (int64_t r = 0; r < R; ++r) {
+            double bound = 0;
+            for (int64_t k0 = 0; k0 < K; k0 += B) {
+              double mx = 0, sw = 0;
+              for (int64_t k = k0; k < std::min(K, k0 + B); ++k)
+                mx = std::max(mx, std::fabs(double(x[size_t(k)]))), sw += std::fabs(double(w.f32[size_t(r * K + k)]));
+              bound += sw * mx / 127.0 / 2.0;
+            }
+            const double d = std::fabs(double(pre_e[size_t(r)]) - double(pre_a[size_t(r)]));
+            CHECK(d <= bound * 1.01 + 1e-4 * (1.0 + std::fabs(double(pre_e[size_t(r)]))));
+          }
+          CHECK(!same_bits(exact, approx));  // it ran (random inputs do not quantize exactly)
         }
   });
 }

@@ -103,6 +103,8 @@ TEST_CASE("speculative greedy == plain greedy, token for token and logit for log
     opt::LoadOptions q8;
     q8.quantize = opt::quantization::int8;
     const opt::Model self8 = opt::Model::load(dir, q8);
+    q8.approximate_int8 = true;  // its drafts on the CPU's int8 dot products: other proposals, the same output
+    const opt::Model self8a = opt::Model::load(dir, q8);
     const json gold = opt_test::read_json(dir / "goldens.json");
     for (const json& cs : gold.at("cases")) {
       if (!cs.contains("generate")) continue;
@@ -120,6 +122,7 @@ TEST_CASE("speculative greedy == plain greedy, token for token and logit for log
       std::vector<std::string> names;
       drafters.push_back(std::make_unique<opt::PromptLookupDrafter>(2)), names.push_back("lookup");
       drafters.push_back(std::make_unique<opt::ModelDrafter>(self8, 1)), names.push_back("self int8");
+      drafters.push_back(std::make_unique<opt::ModelDrafter>(self8a, 1)), names.push_back("self int8 approximate");
       if (f.draft) {
         drafters.push_back(std::make_unique<opt::ModelDrafter>(opt::Model::load(opt_test::fixture_dir(f.draft)), 1));
         names.push_back(f.draft);

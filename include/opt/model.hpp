@@ -358,6 +358,11 @@ struct LoadOptions {
   // the older name of the same switch (either one set turns it on)
   bool quantize_lm_head = false;
   bool lm_head_int8 = false;
+  // int8 weights (quantize = int8, or a stored int8 folder) run on the CPU's int8 dot products (AVX-512 VNNI with
+  // VBMI) over each token's inputs quantized to int8 per block, where it has them and one token is decoded. Not
+  // the exact kernel's bits: outputs move by the inputs' quantization error, and differ between ISAs. For a
+  // drafter (speculative decoding verifies every token with the exact model); off by default.
+  bool approximate_int8 = false;
   // Part of the model only (a pipeline stage, opt/pipeline.hpp): the decoder layers `layers`, the embeddings
   // (embed_tokens, embed_positions, project_in) when `embeddings`, the head (final_layer_norm, project_out and the
   // LM head tied to embed_tokens) when `head`. The other tensors are neither bound nor checked nor read (their
@@ -540,7 +545,7 @@ class Model {
       detail::embedding_rows(w_.embed_tokens, ch.ids, ch.n, e + N * E);
       N += ch.n;
     }
-    if (c.has_projections()) ops::linear(ws.pool(), e, N, w_.project_in_packed, nullptr, x);  // [N,E] x [H,E]ᵀ
+    if (c.has_projections()) ops::linear(ws.pool(), e, N, w_.project_in_packed, nullptr, x, {}, approx_);  // [N,E] x [H,E]ᵀ
     else std::copy(e, e + N * H, x);
     // positions: the cache size is the count of real tokens before this one (cumsum(mask) - 1)
     int64_t r = 0;
@@ -584,9 +589,9 @@ class Model {
         ops::Epilogue qs;
         qs.has_scale = true;
         qs.scale = scaling;
-        const ops::LinearSeg qkv[3] = {{L.q_proj.packed, L.q_proj.bias, q, H, qs},
-                                       {L.k_proj.packed, L.k_proj.bias, kb, H, {}},
-                                       {L.v_proj.packed, L.v_proj.bias, vb, H, {}}};
+        const ops::LinearSeg qkv[3] = {{L.q_proj.packed, L.q_proj.bias, q, H, qs, approx_},
+                                       {L.k_proj.packed, L.k_proj.bias, kb, H, {}, approx_},
+                                       {L.v_proj.packed, L.v_proj.bias, vb, H, {}, approx_}};
         ops::linear_multi(pool, attn_in, N, qkv, 3);  // [N,H] x [3H,H]ᵀ -> [N,3H]
         int64_t r = 0;
         for (const SequenceChunk& ch : chunks) {
@@ -628,7 +633,7 @@ class Model {
       }
       ops::Epilogue res;
       res.residual = true;
-      ops::linear(pool, a, N, L.out_proj.packed, L.out_proj.bias, x, res);  // x += [N,H] x [H,H]ᵀ
+      ops::linear(pool, a, N, L.out_proj.packed, L.out_proj.bias, x, res, approx_);  // x += [N,H] x [H,H]ᵀ
       if (!c.do_layer_norm_before) layer_norm(pool, x, N, L.self_attn_layer_norm, x);
       // ---- feed-forward block ----
       const float* ffn_in = x;
@@ -639,8 +644,8 @@ class Model {
       ops::Epilogue act;
       act.has_act = true;
       act.act = act_;
-      ops::linear(pool, ffn_in, N, L.fc1.packed, L.fc1.bias, h, act);  // act([N,H] x [F,H]ᵀ) -> [N,F]
-      ops::linear(pool, h, N, L.fc2.packed, L.fc2.bias, x, res);       // x += [N,F] x [H,F]ᵀ
+      ops::linear(pool, ffn_in, N, L.fc1.packed, L.fc1.bias, h, act, approx_);  // act([N,H] x [F,H]ᵀ) -> [N,F]
+      ops::linear(pool, h, N, L.fc2.packed, L.fc2.bias, x, res, approx_);     // x += [N,F] x [H,F]ᵀ
       if (!c.do_layer_norm_before) layer_norm(pool, x, N, L.final_layer_norm, x);
       if (l + 1 < c.num_hidden_layers) capture(hidden_states, x, N * H);
     }
@@ -673,7 +678,7 @@ class Model {
       if (c.has_final_layer_norm()) layer_norm(pool, x, N, w_.final_layer_norm, x);
       const float* fin = x;
       if (c.has_projections()) {
-        ops::linear(pool, x, N, w_.project_out_packed, nullptr, e);  // [N,H] x [E,H]ᵀ -> [N,E]
+        ops::linear(pool, x, N, w_.project_out_packed, nullptr, e, {}, approx_);  // [N,H] x [E,H]ᵀ -> [N,E]
         fin = e;
       }
       capture(opts.hidden_states, fin, N * E);
@@ -682,11 +687,11 @@ class Model {
       select_rows(x, H, last);
       if (c.has_final_layer_norm()) layer_norm(pool, last, n_logits, w_.final_layer_norm, last);
       if (c.has_projections()) {
-        ops::linear(pool, last, n_logits, w_.project_out_packed, nullptr, e);  // [n,H] x [E,H]ᵀ -> [n,E]
+        ops::linear(pool, last, n_logits, w_.project_out_packed, nullptr, e, {}, approx_);  // [n,H] x [E,H]ᵀ -> [n,E]
         std::copy(e, e + n_logits * E, last);
       }
     }
-    ops::linear(pool, last, n_logits, w_.lm_head(), nullptr, ws.logits.data());  // [n,E] x [V,E]ᵀ -> [n,V]
+    ops::linear(pool, last, n_logits, w_.lm_head(), nullptr, ws.logits.data(), {}, approx_);  // [n,E] x [V,E]ᵀ -> [n,V]
   }
 
   // Rows are independent: split over threads only when there are enough of them (prefill).
@@ -725,6 +730,7 @@ class Model {
                          std::to_string(n_layers) + " (last -1: to the end)");
     embeddings_ = opts.embeddings;
     head_ = opts.head;
+    approx_ = opts.approximate_int8;
     std::set<std::string> used;
     std::vector<std::string> missing;
     // A packed weight: its .panels (+ .scales) viewed in place, checked against config.json's shape.
@@ -925,6 +931,7 @@ class Model {
   std::optional<PackedScheme> scheme_;  // a stored packed folder's scheme
   LayerRange layers_;                   // the part held (LoadOptions::layers, resolved)
   bool embeddings_ = true, head_ = true;
+  bool approx_ = false;                   // LoadOptions::approximate_int8
   std::shared_ptr<RemoteLayers> remote_;  // the layers beyond layers_.last (set_remote_layers)
 };
 

@@ -101,6 +101,9 @@ struct Simd {
   }
 };
 
+// No approximate int8 kernel here: LinearSeg::approximate runs the exact one.
+inline bool linear_i8_approx(const float*, int64_t, const ops::LinearSeg&, int64_t, int64_t) { return false; }
+
 #include "opt/kernels/generic.hpp"
 
 }  // namespace avx2_isa

@@ -1,9 +1,12 @@
 // x86-64 AVX-512 (F, BW, VL) kernels: generic.hpp with 16 f32 lanes (a panel column is one vector). Compiled in a
 // target region whatever the program's -march, run only where the CPU has the instructions (dispatch.hpp).
-// VNNI and AVX512-BF16 dot products are not used: they round differently from an f32 FMA chain and would break
-// the same-bits-on-every-ISA promise.
+// VNNI and AVX512-BF16 dot products are not used by the exact kernels: they round differently from an f32 FMA
+// chain and would break the same-bits-on-every-ISA promise. The one opt-in exception, LinearSeg::approximate
+// (LoadOptions::approximate_int8, for drafters), is at the end of this file.
 #pragma once
 #include "opt/kernels/prelude.hpp"
+
+#include <vector>
 
 #if defined(OPT_HAVE_AVX512_KERNELS)
 #include <immintrin.h>
@@ -108,7 +111,97 @@ struct Simd {
   }
 };
 
+inline bool linear_i8_approx(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p0, int64_t p1);
+
 #include "opt/kernels/generic.hpp"
+
+// ---- opt-in approximate int8: VNNI dot products (LinearSeg::approximate) ------------------------------------------
+// x is quantized per block of the weights' columns to u = round(x / s) + 128 (s = max|x| / 127), so output row r
+// of a block is s * scale(r, block) * (sum u q - 128 sum q), both sums by vpdpbusd over 4 columns a lane (integer
+// sums: exact in any order). A panel's 4-column group (64 bytes: 4 columns of 16 rows) becomes 16 (row, 4
+// columns) lanes by one vpermb. Not the exact FMA chain: the result moves by the quantization of x.
+inline bool cpu_has_vnni_vbmi() noexcept {
+  static const bool ok = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  return ok;
+}
+
+// out[j]: row j of panel p0 before the epilogue, for one token's u / sx. The panel is read as one sequential
+// stream, its 4-column groups going round robin to 4 pairs of accumulators.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"), noinline)) inline void i8_approx_panel(
+    const uint8_t* u, const float* sx, const PackedMatrix& w, int64_t p0, float* out) {
+  alignas(64) static constexpr uint8_t kT[64] = {  // byte 4r + j <- byte 16j + r
+      0, 16, 32, 48, 1, 17, 33, 49, 2, 18, 34, 50, 3, 19, 35, 51, 4, 20, 36, 52, 5, 21, 37, 53,
+      6, 22, 38, 54, 7, 23, 39, 55, 8, 24, 40, 56, 9, 25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59,
+      12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
+  const __m512i tr = _mm512_load_si512(kT), ones = _mm512_set1_epi8(1);
+  const int64_t K = w.cols, B = w.block, nb = w.blocks();
+  const int8_t* pp = reinterpret_cast<const int8_t*>(w.panel(p0));
+  constexpr int64_t kAhead = prefetch_distance(dtype::I8);
+  __m512 res = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t kb = b * B, ke = std::min(K, kb + B);
+    __m512i acc[4], ws[4];
+    _Pragma("GCC unroll 4") for (int a = 0; a < 4; ++a) acc[a] = ws[a] = _mm512_setzero_si512();
+    int64_t k = kb;
+    for (; k + 16 <= ke; k += 16) {
+      _Pragma("GCC unroll 4") for (int a = 0; a < 4; ++a) {
+        __builtin_prefetch(pp + (k + 4 * a) * 16 + kAhead, 0, kPrefetchLocality);
+        int32_t x4;
+        std::memcpy(&x4, u + k + 4 * a, 4);
+        const __m512i q = _mm512_permutexvar_epi8(tr, _mm512_loadu_si512(pp + (k + 4 * a) * 16));
+        acc[a] = _mm512_dpbusd_epi32(acc[a], _mm512_set1_epi32(x4), q);
+        ws[a] = _mm512_dpbusd_epi32(ws[a], ones, q);
+      }
+    }
+    for (; k < ke; k += 4) {
+      int32_t x4;
+      std::memcpy(&x4, u + k, 4);
+      const __m512i q = _mm512_permutexvar_epi8(tr, _mm512_loadu_si512(pp + k * 16));
+      acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_set1_epi32(x4), q);
+      ws[0] = _mm512_dpbusd_epi32(ws[0], ones, q);
+    }
+    const __m512i at = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), _mm512_add_epi32(acc[2], acc[3]));
+    const __m512i wt = _mm512_add_epi32(_mm512_add_epi32(ws[0], ws[1]), _mm512_add_epi32(ws[2], ws[3]));
+    const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(at, _mm512_slli_epi32(wt, 7)));
+    const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(sx[b]), _mm512_loadu_ps(w.panel_scales(p0) + b * ops::kPanel));
+    res = _mm512_fmadd_ps(d, sc, res);
+  }
+  _mm512_storeu_ps(out, res);
+}
+
+// Panels [p0, p1) of g for one token with VNNI; false (nothing done) where this CPU lacks VNNI or VBMI, for more
+// tokens, or where the columns or the block are not a multiple of 4.
+inline bool linear_i8_approx(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p0, int64_t p1) {
+  const PackedMatrix& w = g.w;
+  const int64_t K = w.cols, B = w.block, nb = w.blocks();
+  if (n != 1 || K % 4 != 0 || B <= 0 || B % 4 != 0 || !cpu_has_vnni_vbmi()) return false;
+  thread_local std::vector<uint8_t> u;
+  thread_local std::vector<float> sx;
+  u.resize(size_t(K));
+  sx.resize(size_t(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t kb = b * B, ke = std::min(K, kb + B);
+    V m = Simd::zero();
+    int64_t k = kb;
+    for (; k + 16 <= ke; k += 16) m = Simd::max(m, Simd::abs(Simd::load(x + k)));
+    float mx = _mm512_reduce_max_ps(m);
+    for (; k < ke; ++k) mx = std::max(mx, std::fabs(x[k]));
+    const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+    sx[size_t(b)] = mx / 127.0f;
+    const V iv = Simd::set1(inv);
+    const __m512i off = _mm512_set1_epi32(128);
+    for (k = kb; k + 16 <= ke; k += 16)  // round to nearest even, + 128, to bytes
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u.data() + k),
+                       _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(Simd::mul(Simd::load(x + k), iv)), off)));
+    for (; k < ke; ++k) u[size_t(k)] = uint8_t(int(std::nearbyint(x[k] * inv)) + 128);
+  }
+  alignas(64) float out[ops::kPanel];
+  for (int64_t p = p0; p < p1; ++p) {
+    i8_approx_panel(u.data(), sx.data(), w, p, out);
+    finish_panels(g, p, 1, out, ops::kPanel, g.y);
+  }
+  return true;
+}
 
 }  // namespace avx512_isa
 }  // namespace kernels

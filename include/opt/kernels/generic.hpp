@@ -418,7 +418,9 @@ inline void linear(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p
     case dtype::F32: return linear_panels<dtype::F32>(x, n, g, p0, p1);
     case dtype::F16: return linear_panels<dtype::F16>(x, n, g, p0, p1);
     case dtype::BF16: return linear_panels<dtype::BF16>(x, n, g, p0, p1);
-    case dtype::I8: return linear_panels<dtype::I8>(x, n, g, p0, p1);
+    case dtype::I8:
+      if (g.approximate && linear_i8_approx(x, n, g, p0, p1)) return;
+      return linear_panels<dtype::I8>(x, n, g, p0, p1);
     case dtype::I4: return linear_panels<dtype::I4>(x, n, g, p0, p1);
     default: OPT_DASSERT(false);
   }

@@ -41,9 +41,10 @@ inline void linear_multi(ThreadPool& pool, const float* x, int64_t n, const Line
 }
 
 // y[n, out] = x[n, in] · w[out, in]ᵀ + bias[out]   (torch.nn.functional.linear), with an optional fused epilogue.
+// approximate: LinearSeg::approximate.
 inline void linear(ThreadPool& pool, const float* x, int64_t n, const PackedMatrix& w, const float* bias, float* y,
-                   const Epilogue& ep = {}) {
-  LinearSeg g{w, bias, y, w.rows, ep};
+                   const Epilogue& ep = {}, bool approximate = false) {
+  LinearSeg g{w, bias, y, w.rows, ep, approximate};
   linear_multi(pool, x, n, &g, 1);
 }
 

@@ -54,6 +54,9 @@ struct Simd {
   }
 };
 
+// No approximate int8 kernel here: LinearSeg::approximate runs the exact one.
+inline bool linear_i8_approx(const float*, int64_t, const ops::LinearSeg&, int64_t, int64_t) { return false; }
+
 #define OPT_K_NO_UNROLL 1
 #include "opt/kernels/generic.hpp"
 #undef OPT_K_NO_UNROLL

@@ -30,6 +30,10 @@ struct LinearSeg {
   float* y = nullptr;            // [n, ldy]
   int64_t ldy = 0;
   Epilogue ep{};
+  // I8 weights, one token: the ISA's int8 dot products over x quantized to int8 per block of columns (AVX-512
+  // VNNI), where it has them. Opt-in and not exact: a result within the inputs' quantization error of the exact
+  // one, and not the same bits on every ISA (a drafter's choice, see LoadOptions::approximate_int8).
+  bool approximate = false;
 };
 
 }  // namespace ops
