@@ -44,13 +44,6 @@ void for_each_isa(F&& body) {
   }
   opt::kernels::set_isa(was);
 }
-bool vnni_vbmi() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
-#else
-  return false;
-#endif
-}
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -111,7 +104,8 @@ TEST_CASE("approximate int8 (LinearSeg::approximate): within the inputs' quantiz
           ep.has_act = true, ep.act = opt::activation::gelu;
           opt::ops::linear(pool, x.data(), n, w.ref, b.data(), exact.data(), ep);
           opt::ops::linear(pool, x.data(), n, w.ref, b.data(), approx.data(), ep, true);
-          const bool used = i == opt::kernels::isa::avx512 && n == 1 && K % 4 == 0 && vnni_vbmi();
+          const bool used =
+              i == opt::kernels::isa::avx512 && n == 1 && K % 4 == 0 && opt::kernels::cpu_has_int8_dot();
           if (!used) {
             CHECK(same_bits(exact, approx));
             continue;

@@ -97,6 +97,17 @@ inline bool cpu_supports(isa i) noexcept {
   }
 }
 
+// Whether this CPU has the int8 dot products (AVX-512 VNNI) and byte permutes (VBMI) of the opt-in approximate
+// int8 kernel (ops::LinearSeg::approximate); false off x86.
+inline bool cpu_has_int8_dot() noexcept {
+#if defined(OPT_HAVE_X86_KERNELS)
+  static const bool ok = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  return ok;
+#else
+  return false;
+#endif
+}
+
 // The fastest ISA this CPU runs.
 inline isa best_isa() noexcept {
   for (isa i : {isa::avx512, isa::avx2, isa::neon})
