@@ -203,21 +203,24 @@ class FloorProbe {
   std::vector<double> gbps_;
 };
 
-// FLOP/s of fused multiply-adds: independent chains of the widest FMA per thread (bench/floors.hpp).
+// FLOP/s of one pass of fused multiply-adds on every thread of the pool: independent chains of the widest FMA,
+// `iters` steps a thread (bench/floors.hpp).
+double fma_pass(opt::ThreadPool& pool, long iters) {
+  std::vector<double> flops(pool.size(), 0.0);
+  auto t0 = clk::now();
+  pool.run([&](size_t t) { flops[t] = opt_bench::fma_chains(iters); });
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / (ms_since(t0) * 1e-3);
+}
+
+// The FMA peak of `threads` threads: the median of a few short passes.
 double peak_flops(size_t threads) {
   static std::map<size_t, double> memo;
   if (memo.count(threads)) return memo[threads];
   opt::ThreadPool pool(threads);
-  const long iters = 20'000'000 / 16;
   std::vector<double> r;
-  for (int rep = 0; rep < 3 + reps(); ++rep) {
-    std::vector<double> flops(threads, 0.0);
-    auto t0 = clk::now();
-    pool.run([&](size_t t) { flops[t] = opt_bench::fma_chains(iters); });
-    double total = 0;
-    for (double f : flops) total += f;
-    r.push_back(total / (ms_since(t0) * 1e-3));
-  }
+  for (int rep = 0; rep < 3 + reps(); ++rep) r.push_back(fma_pass(pool, 20'000'000 / 16));
   return memo[threads] = median(r);
 }
 
@@ -229,12 +232,7 @@ double peak_flops(size_t threads) {
 class PeakProbe {
  public:
   PeakProbe() : pool_(2) {}
-  void pass() {
-    double flops[2] = {0, 0};
-    auto t0 = clk::now();
-    pool_.run([&](size_t t) { flops[t] = opt_bench::fma_chains(160'000'000 / 16); });  // ~25 ms
-    gflops_.push_back((flops[0] + flops[1]) / (ms_since(t0) * 1e6));
-  }
+  void pass() { gflops_.push_back(fma_pass(pool_, 160'000'000 / 16) * 1e-9); }  // ~25 ms
   double gflops() const { return median(gflops_); }
 
  private:
