@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -172,10 +173,41 @@ struct ReadFloor {
   int variant = 0;
   double gbps = 0;
 };
+// The one buffer every floor reads, allocated and written at first use (the run's first benchmark, before any model
+// is loaded) and kept: a fresh 512 MiB allocated beside a loaded 13-30b model got few huge pages (memory then too
+// fragmented), and its probe read 26-46 GB/s where the decode itself streamed 30-56: ratios under 1.
+const FloorBuffer& floor_buffer() {
+  static const FloorBuffer buf(kBandwidthBytes / 4, 1.0f);
+  return buf;
+}
+
+// The fraction of floor_buffer() the kernel backs with huge pages (AnonHugePages of its mappings in
+// /proc/self/smaps; -1 where that cannot be read): printed as floor_huge, so a probe on 4 KiB pages shows.
+double floor_huge_fraction() {
+  const FloorBuffer& buf = floor_buffer();
+  const auto lo = reinterpret_cast<uintptr_t>(buf.data()), hi = lo + buf.size() * sizeof(float);
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return -1;
+  char line[512];
+  bool in = false;
+  double huge_kb = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long a = 0, b = 0;
+    if (std::sscanf(line, "%lx-%lx ", &a, &b) == 2) {  // a mapping's first line (field lines: "Name: value")
+      in = a < hi && b > lo;
+      continue;
+    }
+    unsigned long kb = 0;
+    if (in && std::sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) huge_kb += double(kb);
+  }
+  std::fclose(f);
+  return huge_kb * 1024.0 / double(buf.size() * sizeof(float));
+}
+
 const ReadFloor& read_floor(size_t threads) {
   static std::map<size_t, ReadFloor> memo;
   if (memo.count(threads)) return memo[threads];
-  FloorBuffer buf(kBandwidthBytes / 4, 1.0f);
+  const FloorBuffer& buf = floor_buffer();
   opt::ThreadPool pool(threads);
   ReadFloor best;
   for (int v = 0; v < opt_bench::kReadVariants; ++v) {
@@ -193,12 +225,11 @@ double bandwidth(size_t threads) { return read_floor(threads).gbps; }
 // best variant before each repetition; x_floor is the median time against the median of these passes.
 class FloorProbe {
  public:
-  FloorProbe() : buf_(kBandwidthBytes / 4, 1.0f), pool_(2) {}
-  void pass() { gbps_.push_back(read_gbps(pool_, buf_, read_floor(2).variant)); }
+  FloorProbe() : pool_(2) {}
+  void pass() { gbps_.push_back(read_gbps(pool_, floor_buffer(), read_floor(2).variant)); }
   double gbps() const { return median(gbps_); }
 
  private:
-  FloorBuffer buf_;
   opt::ThreadPool pool_;
   std::vector<double> gbps_;
 };
@@ -281,6 +312,7 @@ std::map<std::string, double> g_batch1_step;  // ms per batch-1 step, by "type/t
 void set_floor(benchmark::State& state, double ms, double bytes, size_t threads, const FloorProbe& probe) {
   const double floor2 = bytes / (probe.gbps() * 1e6);
   state.counters["floor_GBps"] = probe.gbps();
+  state.counters["floor_huge"] = floor_huge_fraction();
   state.counters["floor_ms"] = floor2;
   state.counters["x_floor"] = ms / floor2;
   if (threads != 2) state.counters["x_floor_same_threads"] = ms / (bytes / (bandwidth(threads) * 1e6));
