@@ -174,8 +174,8 @@ struct ReadFloor {
   double gbps = 0;
 };
 // The one buffer every floor reads, allocated and written at first use (the run's first benchmark, before any model
-// is loaded) and kept: a fresh 512 MiB allocated beside a loaded 13-30b model got few huge pages (memory then too
-// fragmented), and its probe read 26-46 GB/s where the decode itself streamed 30-56: ratios under 1.
+// is loaded) and kept. A fresh 512 MiB allocated beside a loaded 13-30b model read 26-46 GB/s where the decode
+// itself streamed 30-56 (ratios under 1); few huge pages in memory that fragmented is the suspect (floor_huge).
 const FloorBuffer& floor_buffer() {
   static const FloorBuffer buf(kBandwidthBytes / 4, 1.0f);
   return buf;
