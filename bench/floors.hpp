@@ -1,6 +1,7 @@
 // The machine's floors, measured with the widest vectors this CPU runs (the same ISA choice as the kernels):
 //   read_sum     one pass over a buffer with 4 independent vector accumulators per thread (memory bandwidth), in
-//                kReadVariants ways (no software prefetch; prefetch into L1 16 KiB ahead; into L2 1 KiB ahead):
+//                kReadVariants ways (no software prefetch; prefetch into L1 16 KiB ahead; into L2 1 KiB ahead; 8
+//                streams prefetched into L2):
 //                which one reads fastest differs by machine (on Zen 4 a prefetched pass on 2 threads read up to
 //                40 GB/s where the plain one read 25-30), so the benchmarks take the best
 //   fma_chains   16 independent FMA chains per thread (the FMA peak)
@@ -20,8 +21,16 @@ namespace opt_bench {
 
 // The read variants: 0 no software prefetch, 1 prefetch into L1 16 KiB ahead, 2 into L2 1 KiB ahead. One call per
 // `bytes` read: a prefetch per cache line of them.
-constexpr int kReadVariants = 3;
-inline const char* read_variant_name(int v) { return v == 0 ? "plain" : v == 1 ? "pf_l1_16k" : "pf_l2_1k"; }
+// Variant 3 reads its range as 8 concurrent streams (8 equal parts, a vector of each in turn, each prefetched into
+// L2 1 KiB ahead), as a decode tile reads 8 panels: on the Zen 5 VM a stored opt-6.7b int8 decode streamed 54 GB/s
+// where one prefetched stream per thread read 44.
+constexpr int kReadVariants = 4;
+constexpr int kReadStreams = 8;
+inline const char* read_variant_name(int v) {
+  return v == 0 ? "plain" : v == 1 ? "pf_l1_16k" : v == 2 ? "pf_l2_1k" : "streams8_pf_l2_1k";
+}
+// [0, n) as kReadStreams parts of len floats (a multiple of 16) and a tail from kReadStreams * len.
+inline size_t stream_len(size_t n) { return n / kReadStreams / 16 * 16; }
 inline void prefetch_ahead(const float* p, int variant, int bytes) {
   const char* c = reinterpret_cast<const char*>(p);
   if (variant == 1)
@@ -31,7 +40,26 @@ inline void prefetch_ahead(const float* p, int variant, int bytes) {
 }
 
 #if defined(OPT_HAVE_X86_KERNELS)
+__attribute__((target("avx512f"))) inline float read_streams_avx512(const float* p, size_t n) {
+  const size_t len = stream_len(n);
+  __m512 a[kReadStreams];
+  for (int j = 0; j < kReadStreams; ++j) a[j] = _mm512_setzero_ps();
+  for (size_t i = 0; i < len; i += 16)
+    for (int j = 0; j < kReadStreams; ++j) {
+      const float* q = p + j * len + i;
+      __builtin_prefetch(reinterpret_cast<const char*>(q) + 1024, 0, 2);
+      a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(q));
+    }
+  for (int j = 1; j < kReadStreams; ++j) a[0] = _mm512_add_ps(a[0], a[j]);
+  alignas(64) float t[16];
+  _mm512_store_ps(t, a[0]);
+  float s = 0;
+  for (float v : t) s += v;
+  for (size_t i = kReadStreams * len; i < n; ++i) s += p[i];
+  return s;
+}
 __attribute__((target("avx512f"))) inline float read_sum_avx512(const float* p, size_t n, int variant) {
+  if (variant == 3) return read_streams_avx512(p, n);
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
@@ -48,7 +76,26 @@ __attribute__((target("avx512f"))) inline float read_sum_avx512(const float* p, 
   for (; i < n; ++i) s += p[i];
   return s;
 }
+__attribute__((target("avx2"))) inline float read_streams_avx2(const float* p, size_t n) {
+  const size_t len = stream_len(n);
+  __m256 a[kReadStreams];
+  for (int j = 0; j < kReadStreams; ++j) a[j] = _mm256_setzero_ps();
+  for (size_t i = 0; i < len; i += 16)
+    for (int j = 0; j < kReadStreams; ++j) {
+      const float* q = p + j * len + i;
+      __builtin_prefetch(reinterpret_cast<const char*>(q) + 1024, 0, 2);
+      a[j] = _mm256_add_ps(a[j], _mm256_add_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(q + 8)));
+    }
+  for (int j = 1; j < kReadStreams; ++j) a[0] = _mm256_add_ps(a[0], a[j]);
+  alignas(32) float t[8];
+  _mm256_store_ps(t, a[0]);
+  float s = 0;
+  for (float v : t) s += v;
+  for (size_t i = kReadStreams * len; i < n; ++i) s += p[i];
+  return s;
+}
 __attribute__((target("avx2"))) inline float read_sum_avx2(const float* p, size_t n, int variant) {
+  if (variant == 3) return read_streams_avx2(p, n);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -96,7 +143,24 @@ __attribute__((target("avx2,fma"))) inline double fma_chains_avx2(long iters) {
 }
 #endif
 #if defined(OPT_HAVE_NEON_KERNELS)
+inline float read_streams_neon(const float* p, size_t n) {
+  const size_t len = stream_len(n);
+  float32x4_t a[kReadStreams];
+  for (int j = 0; j < kReadStreams; ++j) a[j] = vdupq_n_f32(0);
+  for (size_t i = 0; i < len; i += 16)
+    for (int j = 0; j < kReadStreams; ++j) {
+      const float* q = p + j * len + i;
+      __builtin_prefetch(reinterpret_cast<const char*>(q) + 1024, 0, 2);
+      a[j] = vaddq_f32(a[j], vaddq_f32(vaddq_f32(vld1q_f32(q), vld1q_f32(q + 4)),
+                                       vaddq_f32(vld1q_f32(q + 8), vld1q_f32(q + 12))));
+    }
+  for (int j = 1; j < kReadStreams; ++j) a[0] = vaddq_f32(a[0], a[j]);
+  float s = vaddvq_f32(a[0]);
+  for (size_t i = kReadStreams * len; i < n; ++i) s += p[i];
+  return s;
+}
 inline float read_sum_neon(const float* p, size_t n, int variant) {
+  if (variant == 3) return read_streams_neon(p, n);
   float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -123,9 +187,17 @@ inline double fma_chains_neon(long iters) {
   return double(iters) * 16 * 4 * 2;
 }
 #endif
-inline float read_sum_scalar(const float* p, size_t n, int /*variant*/) {
+inline float read_sum_scalar(const float* p, size_t n, int variant) {
   float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   size_t i = 0;
+  if (variant == 3) {  // the streams, one element of each in turn
+    const size_t len = stream_len(n);
+    float a[kReadStreams] = {};
+    for (; i < len; ++i)
+      for (int j = 0; j < kReadStreams; ++j) a[j] += p[j * len + i];
+    for (float v : a) s0 += v;
+    i = kReadStreams * len;
+  }
   for (; i + 4 <= n; i += 4) s0 += p[i], s1 += p[i + 1], s2 += p[i + 2], s3 += p[i + 3];
   float s = s0 + s1 + s2 + s3;
   for (; i < n; ++i) s += p[i];
