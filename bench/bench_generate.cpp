@@ -175,10 +175,16 @@ struct ReadFloor {
   double by_variant[opt_bench::kReadVariants] = {};  // each variant's median GB/s
 };
 // The one buffer every floor reads, allocated and written at first use (the run's first benchmark, before any model
-// is loaded) and kept. A fresh 512 MiB allocated beside a loaded 13-30b model read 26-46 GB/s where the decode
-// itself streamed 30-56 (ratios under 1); few huge pages in memory that fragmented is the suspect (floor_huge).
+// is loaded) and kept, and filled with distinct values (float(i)), no two pages alike. Beside a loaded 2.7b-30b
+// model the probe read 18-46 GB/s where the decode itself streamed 30-56 (ratios under 1), with the buffer all on
+// huge pages (floor_huge = 1); the suspect is the host merging identical pages (the buffer used to hold only
+// 1.0f), which would map it 4 KiB at a time underneath the guest's huge pages.
 const FloorBuffer& floor_buffer() {
-  static const FloorBuffer buf(kBandwidthBytes / 4, 1.0f);
+  static const FloorBuffer buf = [] {
+    FloorBuffer b(kBandwidthBytes / 4);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = float(i);
+    return b;
+  }();
   return buf;
 }
 
