@@ -175,10 +175,10 @@ struct ReadFloor {
   double by_variant[opt_bench::kReadVariants] = {};  // each variant's median GB/s
 };
 // The one buffer every floor reads, allocated and written at first use (the run's first benchmark, before any model
-// is loaded) and kept, and filled with distinct values (float(i)), no two pages alike. Beside a loaded 2.7b-30b
-// model the probe read 18-46 GB/s where the decode itself streamed 30-56 (ratios under 1), with the buffer all on
-// huge pages (floor_huge = 1); the suspect is the host merging identical pages (the buffer used to hold only
-// 1.0f), which would map it 4 KiB at a time underneath the guest's huge pages.
+// is loaded) and kept, and filled with distinct values (float(i)), no two pages alike (so a host that merges
+// identical pages cannot remap it 4 KiB at a time). Beside a loaded 2.7b-30b model on the Zen 5 VM the probe
+// still read 18-46 GB/s where the decode itself streamed 25-56 (ratios under 1) with the buffer all on huge pages
+// (floor_huge = 1): the cause is not found; the run's first floor (BM_ReadBandwidth) is the other reference.
 const FloorBuffer& floor_buffer() {
   static const FloorBuffer buf = [] {
     FloorBuffer b(kBandwidthBytes / 4);
