@@ -5,7 +5,11 @@
 //
 //   node bench/bench_serve.mjs [--build build] [--model DIR] [--dtype f32] [--tokenizer DIR] [--clients 1,4,16,64]
 //                              [--max-tokens 32] [--threads N] [--max-batch 64] [--json out.json]
-//                              [--cache-bytes N] [--prefix N [--reps 5]]
+//                              [--cache-bytes N] [--prefix N [--reps 5]] [--rounds R]
+//
+// --rounds R runs the levels R times in turn (1, 4, 16, 64, 1, 4, ...); each level's ratio is against the 1-client
+// level of its own round, and a last line per level gives the median over the rounds: on a VM whose memory speed
+// changes from one minute to the next, a ratio between runs minutes apart says more about the minute.
 //
 // Every client sends greedy streaming /v1/completions requests, one after another, with prompts from a fixed
 // set of 16 (different lengths). The 1-client level runs each prompt alone first; at every other level each
@@ -31,6 +35,7 @@ const a = benchArgs({
   "cache-bytes": { type: "string" },
   prefix: { type: "string" },
   reps: { type: "string", default: "5" },
+  rounds: { type: "string", default: "1" },
 });
 const { serve } = programs(a.build);
 const modelDir = randomModel(a, "bench_serve", { dtype: a.dtype });
@@ -78,6 +83,8 @@ try {
     await prefixRun(Number(a.prefix), Number(a.reps));
     levels.length = 0;
   }
+  const rounds = Math.max(1, Number(a.rounds));
+  for (let round = 0; round < rounds * (levels.length ? 1 : 0); round++)
   for (const clients of levels) {
     const n = clients === 1 ? prompts.length : Math.max(prompts.length, 2 * clients);
     let next = 0;
@@ -100,7 +107,7 @@ try {
         throw new Error(`at ${clients} clients the answer to "${d.p}" differs from the prompt alone`);
     }
     const tokens = done.reduce((s, d) => s + d.tokens, 0);
-    const r = { clients, requests: n, seconds: +secs.toFixed(2), requests_per_s: +(n / secs).toFixed(3),
+    const r = { round, clients, requests: n, seconds: +secs.toFixed(2), requests_per_s: +(n / secs).toFixed(3),
                 tokens_per_s: +(tokens / secs).toFixed(1), tokens,
                 latency_ms_p50: Math.round(pct(done.map((d) => d.ms), 0.5)),
                 ttft_ms_p50: Math.round(pct(done.map((d) => d.ttft), 0.5)),
@@ -108,16 +115,26 @@ try {
                 sequences_per_step: +((h1.generated_tokens - h0.generated_tokens) / (h1.steps - h0.steps)).toFixed(2),
                 server_cpu_s: +cpu.toFixed(2), server_cpu_ms_per_token: +(1000 * cpu / tokens).toFixed(1),
                 checked: reference.size > 0 };
-    const one = clients === 1 ? r : results.find((x) => x.clients === 1);
+    const one = clients === 1 ? r : results.find((x) => x.clients === 1 && x.round === round);
     r.vs_1_client = one ? +(r.tokens_per_s / one.tokens_per_s).toFixed(2) : null;
     results.push(r);
-    console.log(`bench_serve opt-125m-shape clients=${String(clients).padStart(2)} requests=${n} ` +
+    console.log(`bench_serve opt-125m-shape ${rounds > 1 ? `round=${round + 1} ` : ""}` +
+                `clients=${String(clients).padStart(2)} requests=${n} ` +
                 `req/s=${r.requests_per_s.toFixed(2)} tok/s=${r.tokens_per_s.toFixed(1)} ` +
                 `(${one ? r.vs_1_client.toFixed(2) + "x" : "?"} 1 client) ttft_p50=${r.ttft_ms_p50}ms ` +
                 `ttft_p99=${r.ttft_ms_p99}ms latency_p50=${r.latency_ms_p50}ms seq/step=${r.sequences_per_step} ` +
                 `server_cpu=${r.server_cpu_ms_per_token}ms/token ` +
                 `(max_tokens ${maxTokens}, ${secs.toFixed(1)} s)`);
   }
+  if (rounds > 1)
+    for (const clients of levels.filter((c) => c !== 1)) {
+      const rs = results.filter((x) => x.clients === clients && x.vs_1_client !== null);
+      const ratios = rs.map((x) => x.vs_1_client);
+      console.log(`bench_serve opt-125m-shape clients=${String(clients).padStart(2)} over ${rounds} rounds: ` +
+                  `tok/s against the same round's 1 client median=${pct(ratios, 0.5).toFixed(2)}x ` +
+                  `(each: ${ratios.map((x) => x.toFixed(2)).join(", ")}) tok/s median=` +
+                  `${pct(rs.map((x) => x.tokens_per_s), 0.5).toFixed(1)}`);
+    }
   const h = await (await fetch(`${url}/health`)).json();
   if (levels.length)
     console.log(`bench_serve: ${h.generated_tokens} tokens in ${h.steps} steps ` +
