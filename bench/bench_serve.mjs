@@ -84,7 +84,7 @@ try {
     levels.length = 0;
   }
   const rounds = Math.max(1, Number(a.rounds));
-  for (let round = 0; round < rounds * (levels.length ? 1 : 0); round++)
+  for (let round = 0; round < rounds; round++)
   for (const clients of levels) {
     const n = clients === 1 ? prompts.length : Math.max(prompts.length, 2 * clients);
     let next = 0;

@@ -22,8 +22,9 @@ namespace opt_bench {
 // The read variants: 0 no software prefetch, 1 prefetch into L1 16 KiB ahead, 2 into L2 1 KiB ahead. One call per
 // `bytes` read: a prefetch per cache line of them.
 // Variant 3 reads its range as 8 concurrent streams (8 equal parts, a vector of each in turn, each prefetched into
-// L2 1 KiB ahead), as a decode tile reads 8 panels: on the Zen 5 VM a stored opt-6.7b int8 decode streamed 54 GB/s
-// where one prefetched stream per thread read 44.
+// L2 1 KiB ahead), as a decode tile reads 8 panels. Added because on the Zen 5 VM a stored opt-6.7b int8 decode
+// streamed 54 GB/s where one prefetched stream per thread read 44; there, on 2 threads, all four variants then read
+// within a few percent of each other (40-47 GB/s), so the gap was not the access pattern.
 constexpr int kReadVariants = 4;
 constexpr int kReadStreams = 8;
 inline const char* read_variant_name(int v) {

@@ -44,8 +44,7 @@ inline void* large_alloc(std::size_t bytes, std::size_t align) {
     // there would back the whole tail past `bytes` too (at opt-2.7b in bf16, 128 matrices of 6.25 x 2 MiB each
     // held ~200 MB of such tails, and peak RSS went 3% over file + KV cache + 64 MiB); 4 KiB pages back only what
     // is touched
-    const std::size_t whole = bytes / kHugePage * kHugePage;
-    if (whole > 0) ::madvise(reinterpret_cast<void*>(p), whole, MADV_HUGEPAGE);
+    ::madvise(reinterpret_cast<void*>(p), bytes / kHugePage * kHugePage, MADV_HUGEPAGE);  // bytes >= 2 MiB here
     return reinterpret_cast<void*>(p);
   }
 #endif
