@@ -172,6 +172,44 @@ TEST_CASE("layer_norm and activations match opt::ref") {
       CHECK(std::fabs(opt::ops::activate(a, v) - opt::ref::activate(a, v)) <= 4 * kEps * (1 + std::fabs(v)));
 }
 
+TEST_CASE("argmax matches opt::ref::argmax on every ISA: ties, signed zeros, infinities, NaNs, every tail") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::vector<float>> cases;
+  for (int64_t n : {0, 1, 2, 15, 16, 17, 255, 256, 257, 600, 50272}) cases.push_back(randu(size_t(n), uint32_t(n + 1)));
+  // the maximum in several chunks (the first wins), at the ends, -0 before +0 and +0 before -0, all equal
+  std::vector<float> t = randu(1000, 7);
+  t[10] = t[300] = t[999] = 5.0f;
+  cases.push_back(t);
+  t = randu(1000, 8);
+  t[999] = 9.0f;
+  cases.push_back(t);
+  cases.push_back(std::vector<float>(700, -0.0f));
+  t = std::vector<float>(700, -1.0f);
+  t[5] = -0.0f, t[600] = 0.0f;
+  cases.push_back(t);
+  t[5] = 0.0f, t[600] = -0.0f;
+  cases.push_back(t);
+  cases.push_back(std::vector<float>(513, 2.5f));
+  // infinities and NaNs, in the vector part and in a chunk's tail
+  for (size_t at : {size_t(0), size_t(3), size_t(256), size_t(700), size_t(1023)})
+    for (float special : {inf, -inf, nan}) {
+      t = randu(1030, uint32_t(at + 9));
+      t[at] = special;
+      cases.push_back(t);
+      t[at + 5] = nan;  // a NaN after: the first NaN wins
+      cases.push_back(t);
+    }
+  cases.push_back(std::vector<float>(300, -inf));
+  cases.push_back(std::vector<float>(300, nan));
+  for_each_isa([&](opt::kernels::isa) {
+    for (const auto& c : cases) {
+      INFO("n = " << c.size());
+      CHECK(opt::ops::argmax(c.data(), int64_t(c.size())) == opt::ref::argmax(c.data(), int64_t(c.size())));
+    }
+  });
+  CHECK(opt::ref::argmax(cases.back().data(), 300) == 0);
+}
+
 TEST_CASE("attention matches opt::ref::attention; prompt pass equals step by step") {
   opt::ThreadPool pool(2);
   for (int64_t hd : {16, 24, 64}) {

@@ -475,6 +475,56 @@ inline float max_of(const float* s, int64_t n) {
   return mx;
 }
 
+// The index of the first largest of s[0, n), the first NaN if there is one; 0 when n <= 0 (what ref::argmax's
+// scan returns, in a vector pass): each chunk of kArgmaxChunk values gets its maximum, the first chunk holding the
+// largest is scanned for it. Where a NaN or an infinity occurs (x - x is then NaN), the plain scan decides.
+constexpr int64_t kArgmaxChunk = 256;
+inline int64_t argmax_scan(const float* s, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    const float v = s[i], b = s[best];
+    if (b != b) break;              // NaN already chosen
+    if (v > b || v != v) best = i;  // larger, or the first NaN
+  }
+  return best;
+}
+inline int64_t argmax(const float* s, int64_t n) {
+  if (n <= 0) return 0;
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_c = 0;
+  bool finite = true;
+  V z = Simd::zero();  // the sum of x - x: NaN where some x is NaN or infinite
+  for (int64_t c0 = 0; c0 < n; c0 += kArgmaxChunk) {
+    const int64_t c1 = std::min(n, c0 + kArgmaxChunk);
+    float cm = -std::numeric_limits<float>::infinity();
+    int64_t t = c0;
+    if (c1 - c0 >= W) {
+      V m = Simd::set1(cm);
+      for (; t + W <= c1; t += W) {
+        const V v = Simd::load(s + t);
+        m = Simd::max(v, m);
+        z = Simd::add(z, Simd::sub(v, v));
+      }
+      alignas(64) float l[W];
+      Simd::store(l, m);
+      for (int i = 0; i < W; ++i) cm = l[i] > cm ? l[i] : cm;
+    }
+    for (; t < c1; ++t) {
+      cm = s[t] > cm ? s[t] : cm;
+      finite = finite && s[t] - s[t] == 0.0f;
+    }
+    if (cm > best || c0 == 0) best = cm, best_c = c0;
+  }
+  alignas(64) float zl[W];
+  Simd::store(zl, z);
+  for (int i = 0; i < W; ++i) finite = finite && zl[i] == 0.0f;
+  if (!finite) return argmax_scan(s, n);
+  const int64_t c1 = std::min(n, best_c + kArgmaxChunk);
+  for (int64_t t = best_c; t < c1; ++t)
+    if (s[t] == best) return t;
+  return argmax_scan(s, n);  // (not reached: the chunk holds its maximum)
+}
+
 // s[t] = s[t] * c for t < n.
 inline void scale_by(float* s, int64_t n, float c) {
   const V cv = Simd::set1(c);
@@ -863,6 +913,7 @@ OPT_KERNEL_TABLE_LINKAGE const Table& table() {
     x.activate = &activate;
     x.activate1 = &activate1;
     x.exp_sub_sum = &exp_sub_sum;
+    x.argmax = &argmax;
     x.quantize_rows = &quantize_rows;
     x.quantize_rows_i4 = &quantize_rows_i4;
     return x;

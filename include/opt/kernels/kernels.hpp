@@ -60,6 +60,9 @@ inline void activate(activation a, float* x, int64_t n) { kernels::active().acti
 // s[t] = exp(s[t] - mx) for t < n; returns the sum.
 inline float exp_sub_sum(float* s, int64_t n, float mx) { return kernels::active().exp_sub_sum(s, n, mx); }
 
+// The index of the first largest of s[0, n), the first NaN if there is one (torch.argmax); 0 when n <= 0.
+inline int64_t argmax(const float* s, int64_t n) { return kernels::active().argmax(s, n); }
+
 // The element types an attention cache may hold: F32 (exact), F16 and BF16 (half the bytes; the kernels widen
 // each element exactly to f32 and compute as for F32).
 inline bool attention_cache_type(dtype t) noexcept { return t == dtype::F32 || t == dtype::F16 || t == dtype::BF16; }

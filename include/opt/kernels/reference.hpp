@@ -76,6 +76,17 @@ inline void linear_q4(const float* x, int64_t n, const uint8_t* q, const float* 
 }
 
 // y[n, d] = (x - mean) / sqrt(var + eps) * gamma + beta       (torch.nn.LayerNorm, biased variance)
+// The index of the first NaN of s[0, n), else of its first largest value (torch.argmax); 0 when n <= 0.
+inline int64_t argmax(const float* s, int64_t n) {
+  if (n <= 0) return 0;
+  const Eigen::Map<const Eigen::ArrayXf> a(s, Eigen::Index(n));
+  for (Eigen::Index i = 0; i < a.size(); ++i)
+    if (std::isnan(a[i])) return int64_t(i);
+  Eigen::Index i = 0;
+  a.maxCoeff(&i);  // the first index of the maximum
+  return int64_t(i);
+}
+
 inline void layer_norm(const float* x, int64_t n, int64_t d, const float* gamma, const float* beta, float eps,
                        float* y) {
   const MatrixD X = ConstMapF(x, n, d).cast<double>();

@@ -59,6 +59,8 @@ struct Table {
   float (*activate1)(activation a, float v) = nullptr;
   // s[t] = exp(s[t] - mx) for t < n; returns their sum (softmax's denominator).
   float (*exp_sub_sum)(float* s, int64_t n, float mx) = nullptr;
+  // The index of the first largest of s[0, n), the first NaN if there is one (torch.argmax); 0 when n <= 0.
+  int64_t (*argmax)(const float* s, int64_t n) = nullptr;
   // int8 quantization of rows [r0, r1) of a row-major f32 matrix [rows, cols]: q = round(w / s) per block of
   // `block` columns, s = max|w| / 127 (1 for an all-zero block).
   void (*quantize_rows)(const float* w, int64_t cols, int64_t block, int64_t r0, int64_t r1, int8_t* q,
