@@ -338,6 +338,10 @@ inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedM
   if constexpr (M == Simd::kMR && Simd::kNP > 1 && Simd::kNP != NPm) {
     if (np == Simd::kNP) return tile<T, M, Simd::kNP>(x, ldx, K, w, p0, out, ldo, ps);
   }
+  // a decode chunk's last panels (chunks end on multiples of NPm / 2: see kernels.hpp's grain)
+  if constexpr (M <= 2 && NPm >= 4) {
+    if (np == NPm / 2) return tile<T, M, NPm / 2>(x, ldx, K, w, p0, out, ldo, ps);
+  }
   for (int q = 0; q < np; ++q) tile<T, M, 1>(x, ldx, K, w, p0 + q, out + q * ps, ldo, ps);
 }
 
@@ -389,7 +393,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   if (n <= Simd::kMR) {
     const int group = Simd::np_for(int(n), int(col_bytes_c(T)));
     for (int64_t p = p0; p < p1;) {
-      const int np = p + group <= p1 ? group : 1;
+      const int np = p + group <= p1 ? group : group >= 4 && p + group / 2 <= p1 ? group / 2 : 1;
       tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P);
       for (int64_t i = 0; i < n; ++i) finish_panels(g, p, np, out + i * np * P, P, g.y + i * g.ldy);
       p += np;
