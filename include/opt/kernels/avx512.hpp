@@ -31,10 +31,11 @@ struct Simd {
   static constexpr int W = 16;
   static constexpr int kMR = 8, kNP = 2;  // 8 tokens x 2 panels: 16 accumulators of the 32 registers
   static constexpr int kRegs = 32;
-  // panels of a decode tile of m tokens whose weights take col_bytes a panel column. 16-bit weights (32 bytes)
-  // at 1-2 tokens: 4 panels, not 8; on Zen 5 the 8-panel GEMV read 46-55 GB/s there against 52-59 with 4 (the
-  // 50272 x 768 LM head, 2 threads, interleaved runs), while f32 and int8 read more with 8.
-  static constexpr int np_for(int m, int col_bytes) { return m <= 2 ? (col_bytes == 32 ? 4 : 8) : m <= 4 ? 4 : 2; }
+  // panels of a decode tile of m tokens (weights of col_bytes a panel column): 4 streams of weights at up to 4
+  // tokens. On Zen 5 (2 threads, opt-125m's shape, 200-300 paired rounds) a whole decode token with 4 panels took
+  // 0.96-0.975x (int8), 0.97x (int4), 0.98x (f32) the time it took with 8; 16-bit weights already read more with
+  // 4 (the LM head's GEMV 52-59 GB/s against 46-55).
+  static constexpr int np_for(int m, int /*col_bytes*/) { return m <= 4 ? 4 : 2; }
   using V = __m512;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }

@@ -338,7 +338,7 @@ inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedM
   if constexpr (M == Simd::kMR && Simd::kNP > 1 && Simd::kNP != NPm) {
     if (np == Simd::kNP) return tile<T, M, Simd::kNP>(x, ldx, K, w, p0, out, ldo, ps);
   }
-  // a decode chunk's last panels (chunks end on multiples of NPm / 2: see kernels.hpp's grain)
+  // the last panels of a decode chunk that holds fewer than NPm (a matrix whose panels are not a multiple of it)
   if constexpr (M <= 2 && NPm >= 4) {
     if (np == NPm / 2) return tile<T, M, NPm / 2>(x, ldx, K, w, p0, out, ldo, ps);
   }

@@ -27,10 +27,10 @@ inline void linear_multi(ThreadPool& pool, const float* x, int64_t n, const Line
   const kernels::Table& k = kernels::active();
   int64_t total = 0;
   for (size_t s = 0; s < n_segs; ++s) total += segs[s].w.panels();
-  // a chunk is a few panels: half the widest multi-panel tile (8 panels; a chunk's last 4 go through a 4-panel
-  // tile), small enough to balance: the thread that finishes first waits for at most one chunk of the other's.
-  // (Decode chunks of 4 panels rather than 8: opt-125m tokens 0.98x (f32, int8) and 0.99x (bf16) as long in
-  // 200-300 paired rounds on Zen 5, 2 threads; of 2, with single-panel tiles at the ends, 1.06x.)
+  // a chunk is a few panels: a whole decode tile (4 panels on AVX-512 and AVX2), small enough to balance: the
+  // thread that finishes first waits for at most one chunk of the other's. (Decode chunks of 4 panels rather than
+  // 8: opt-125m tokens 0.98x (f32, int8) and 0.99x (bf16) as long in 200-300 paired rounds on Zen 5, 2 threads;
+  // of 2, with single-panel tiles at the ends, 1.06x.)
   const size_t grain = n <= 8 ? 4 : 2;
   pool.parallel_for(size_t(total), grain, [&](size_t b, size_t e) {
     int64_t base = 0;
