@@ -805,35 +805,52 @@ inline void attention(const float* q, int64_t past, dtype kv, const void* k, con
 }
 
 // ---- LayerNorm ----------------------------------------------------------------------------------------------------
-// mean and variance in double over 4 interleaved partial sums (element k to sum k % 4, combined (0+1)+(2+3)),
-// then y = fma((x - mean) * rstd, gamma, beta) in float.
+// mean and variance in double over 16 logical lanes (element k to lane k % 16, each lane a sequential sum; the
+// variance's terms fma((x - mean), (x - mean), u)), the lanes combined (l, l+8), (l, l+4), (l, l+2), (l, l+1); then
+// y = fma((x - mean) * rstd, gamma, beta) in float (* gamma or + beta alone when one of them is absent). Plain
+// loops of 16 doubles that the compiler turns into the ISA's vectors (2 x 8 on AVX-512): the same IEEE operations
+// on every ISA.
+inline double lane_sum16(double* s) {
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) s[l] = s[l] + s[l + w];
+  return s[0];
+}
 inline void layer_norm(const float* x, int64_t n, int64_t d, const float* gamma, const float* beta, float eps,
                        float* y) {
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * d;
     float* yi = y + i * d;
-    double s[4] = {0, 0, 0, 0};
-    int64_t k = 0;
-    for (; k + 4 <= d; k += 4)
-      for (int j = 0; j < 4; ++j) s[j] += double(xi[k + j]);
-    for (int j = 0; k < d; ++k, ++j) s[j] += double(xi[k]);
-    const double mean = ((s[0] + s[1]) + (s[2] + s[3])) / double(d);
-    double u[4] = {0, 0, 0, 0};
-    k = 0;
-    for (; k + 4 <= d; k += 4)
-      for (int j = 0; j < 4; ++j) {
-        const double t = double(xi[k + j]) - mean;
-        u[j] = std::fma(t, t, u[j]);
+    const int64_t full = d / 16 * 16;
+    alignas(64) double s[16] = {};
+    for (int64_t k = 0; k < full; k += 16)
+      for (int l = 0; l < 16; ++l) s[l] += double(xi[k + l]);
+    for (int64_t k = full; k < d; ++k) s[k - full] += double(xi[k]);
+    const double mean = lane_sum16(s) / double(d);
+    alignas(64) double u[16] = {};
+    for (int64_t k = 0; k < full; k += 16)
+      for (int l = 0; l < 16; ++l) {
+        const double t = double(xi[k + l]) - mean;
+        u[l] = std::fma(t, t, u[l]);
       }
-    for (int j = 0; k < d; ++k, ++j) {
+    for (int64_t k = full; k < d; ++k) {
       const double t = double(xi[k]) - mean;
-      u[j] = std::fma(t, t, u[j]);
+      u[k - full] = std::fma(t, t, u[k - full]);
     }
-    const double var = ((u[0] + u[1]) + (u[2] + u[3])) / double(d);
+    const double var = lane_sum16(u) / double(d);
     const float rstd = float(1.0 / std::sqrt(var + double(eps)));
     const float m = float(mean);
-    for (k = 0; k < d; ++k) {
-      const float t = (xi[k] - m) * rstd;
+    const V mv = Simd::set1(m), rv = Simd::set1(rstd);
+    int64_t k = 0;
+    for (; k + W <= d; k += W) {
+      V t = Simd::mul(Simd::sub(Simd::load(xi + k), mv), rv);
+      Simd::keep(t);
+      if (gamma && beta) t = Simd::fma(t, Simd::load(gamma + k), Simd::load(beta + k));
+      else if (gamma) t = Simd::mul(t, Simd::load(gamma + k));
+      else if (beta) t = Simd::add(t, Simd::load(beta + k));
+      Simd::store(yi + k, t);
+    }
+    for (; k < d; ++k) {
+      const float t = opaque((xi[k] - m) * rstd);
       if (gamma && beta) yi[k] = std::fma(t, gamma[k], beta[k]);
       else if (gamma) yi[k] = t * gamma[k];
       else if (beta) yi[k] = t + beta[k];
