@@ -234,7 +234,10 @@ double bandwidth(size_t threads) { return read_floor(threads).gbps; }
 class FloorProbe {
  public:
   FloorProbe() : pool_(2) {}
-  void pass() { gbps_.push_back(read_gbps(pool_, floor_buffer(), read_floor(2).variant)); }
+  double pass() {
+    gbps_.push_back(read_gbps(pool_, floor_buffer(), read_floor(2).variant));
+    return gbps_.back();
+  }
   double gbps() const { return median(gbps_); }
 
  private:
@@ -319,7 +322,12 @@ double kv_bytes_per_step(const opt::Config& c, double mean_len) {
 std::map<std::string, double> g_batch1_step;  // ms per batch-1 step, by "type/threads"
 
 // x_floor against the probe's bandwidth (measured beside the benchmark); floor_GBps is that bandwidth.
-void set_floor(benchmark::State& state, double ms, double bytes, size_t threads, const FloorProbe& probe) {
+// x_floor: the median time against the floor at the probes' median bandwidth. x_floor_paired: the median over the
+// repetitions of each one's time against the floor of the probes read right before and right after it (their mean
+// bandwidth), which follows a machine whose memory speed drifts between repetitions.
+void set_floor(benchmark::State& state, double ms, double bytes, size_t threads, const FloorProbe& probe,
+               const std::vector<double>& paired = {}) {
+  if (!paired.empty()) state.counters["x_floor_paired"] = median(paired);
   const double floor2 = bytes / (probe.gbps() * 1e6);
   state.counters["floor_GBps"] = probe.gbps();
   state.counters["floor_huge"] = floor_huge_fraction();
@@ -334,14 +342,15 @@ void BM_Decode(benchmark::State& state, std::string type) {
   const opt::Model& m = model(type);
   opt::Workspace ws(threads);
   opt::KvCache kv(m.config(), int64_t(kPrompt.size()) + g_new);
-  std::vector<double> per_token;
+  std::vector<double> per_token, paired;
   FloorProbe probe;
+  const double bytes = double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), kPrompt.size() + g_new / 2.0);
   // one untimed pass first: a memory-mapped (stored) model's pages are then resident, as in steady decoding
   kv.clear();
   benchmark::DoNotOptimize(m.forward({{&kv, kPrompt.data(), int64_t(kPrompt.size())}}, ws).data);
   for (auto _ : state) {
     for (int r = 0; r < reps(); ++r) {
-      probe.pass();
+      const double before = probe.pass();
       kv.clear();
       opt::LogitsView lv = m.forward({{&kv, kPrompt.data(), int64_t(kPrompt.size())}}, ws);
       int32_t id = opt::argmax(lv.row(0), lv.cols);
@@ -352,15 +361,16 @@ void BM_Decode(benchmark::State& state, std::string type) {
         id = opt::argmax(lv.row(0), lv.cols);
       }
       per_token.push_back(ms_since(t0) / (g_new - 1));
+      const double after = probe.pass();
+      paired.push_back(per_token.back() / (bytes / (0.5 * (before + after) * 1e6)));
     }
     state.SetIterationTime(median(per_token) * 1e-3);
   }
   const double ms = median(per_token);
   g_batch1_step[type + "/" + std::to_string(threads)] = ms;
-  const double bytes = double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), kPrompt.size() + g_new / 2.0);
   state.counters["ms_per_token"] = ms;
   state.counters["MB_per_token"] = bytes / 1e6;
-  set_floor(state, ms, bytes, threads, probe);
+  set_floor(state, ms, bytes, threads, probe, paired);
 }
 
 void BM_Seed4(benchmark::State& state, std::string type) {
@@ -370,8 +380,11 @@ void BM_Seed4(benchmark::State& state, std::string type) {
   opt::Workspace ws(threads);
   std::vector<opt::KvCache> kv;
   for (auto& p : kSeedPrompts) kv.emplace_back(m.config(), int64_t(p.size()) + g_new);
-  std::vector<double> step_ms, total_ms;
+  std::vector<double> step_ms, total_ms, paired;
   FloorProbe probe;
+  double mean_len = 0;
+  for (auto& p : kSeedPrompts) mean_len += double(p.size()) + g_new / 2.0;
+  const double bytes = double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), mean_len);
   std::vector<int32_t> next(kSeedPrompts.size());
   std::vector<opt::SequenceChunk> prefill, step;
   for (size_t b = 0; b < kSeedPrompts.size(); ++b) {
@@ -380,7 +393,7 @@ void BM_Seed4(benchmark::State& state, std::string type) {
   }
   for (auto _ : state) {
     for (int r = 0; r < reps(); ++r) {
-      probe.pass();
+      const double before = probe.pass();
       for (auto& c : kv) c.clear();
       auto t0 = clk::now();
       opt::LogitsView lv = m.forward(prefill, ws);
@@ -392,6 +405,8 @@ void BM_Seed4(benchmark::State& state, std::string type) {
       }
       step_ms.push_back(ms_since(t1) / (g_new - 1));
       total_ms.push_back(ms_since(t0));
+      const double after = probe.pass();
+      paired.push_back(step_ms.back() / (bytes / (0.5 * (before + after) * 1e6)));
     }
     state.SetIterationTime(median(total_ms) * 1e-3);
   }
@@ -400,10 +415,7 @@ void BM_Seed4(benchmark::State& state, std::string type) {
   state.counters["total_ms"] = median(total_ms);
   auto it = g_batch1_step.find(type + "/" + std::to_string(threads));
   if (it != g_batch1_step.end()) state.counters["x_batch1_step"] = ms / it->second;
-  double mean_len = 0;
-  for (auto& p : kSeedPrompts) mean_len += double(p.size()) + g_new / 2.0;
-  set_floor(state, ms, double(m.decode_weight_bytes()) + kv_bytes_per_step(m.config(), mean_len), threads,
-            probe);
+  set_floor(state, ms, bytes, threads, probe, paired);
 }
 
 // FLOPs of one pass of T tokens (last-token logits only): 2 per multiply-add.
