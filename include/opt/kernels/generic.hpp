@@ -610,16 +610,22 @@ inline void attention_scores_nk(const float* q, int64_t qstride, int64_t t, cons
       }
     }
   }
-  OPT_K_UNROLL
-  for (int i = 0; i < NK; ++i) {
-    if constexpr (NQ == 4) {
-      float r[4];
-      Simd::reduce16x4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], r);
-      OPT_K_UNROLL
-      for (int j = 0; j < 4; ++j) s[j][t + i] = r[j];
-    } else {
-      OPT_K_UNROLL
-      for (int j = 0; j < NQ; ++j) s[j][t + i] = Simd::reduce16(acc[i][j]);
+  if constexpr (NK == 4) {
+    // a query's four scores at once, stored together (the same reduction of each sum)
+    OPT_K_UNROLL
+    for (int j = 0; j < NQ; ++j) Simd::reduce16x4(acc[0][j], acc[1][j], acc[2][j], acc[3][j], s[j] + t);
+  } else {
+    OPT_K_UNROLL
+    for (int i = 0; i < NK; ++i) {
+      if constexpr (NQ == 4) {
+        float r[4];
+        Simd::reduce16x4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], r);
+        OPT_K_UNROLL
+        for (int j = 0; j < 4; ++j) s[j][t + i] = r[j];
+      } else {
+        OPT_K_UNROLL
+        for (int j = 0; j < NQ; ++j) s[j][t + i] = Simd::reduce16(acc[i][j]);
+      }
     }
   }
 }
