@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <new>
 
 #if defined(__linux__)
@@ -62,6 +63,28 @@ inline void large_free(void* p, std::size_t bytes, std::size_t align) noexcept {
 #endif
   ::operator delete(p, std::align_val_t(align));
 }
+
+// One buffer of large_alloc memory, zeroed, 64-byte aligned (huge pages from kLargeAllocation up), freed with it.
+class LargeBuffer {
+ public:
+  explicit LargeBuffer(std::size_t bytes) : n_(bytes) {
+    if (n_ == 0) return;
+    p_ = static_cast<std::byte*>(large_alloc(n_, 64));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (n_ < kLargeAllocation)  // (a fresh anonymous mapping is already zero)
+#endif
+      std::memset(p_, 0, n_);
+  }
+  LargeBuffer(const LargeBuffer&) = delete;
+  LargeBuffer& operator=(const LargeBuffer&) = delete;
+  ~LargeBuffer() { large_free(p_, n_, 64); }
+  std::byte* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  std::byte* p_ = nullptr;
+  std::size_t n_ = 0;
+};
 
 }  // namespace detail
 OPT_NAMESPACE_END

@@ -202,21 +202,31 @@ inline void columns_i4(const MatrixRef& src, int64_t r0, int64_t rows, std::byte
 // afterwards. The panels go in slices of about 16 MiB of source; done(r0, r1) is called after each slice with the
 // source rows it has finished with, so a caller can release them while the rest is packed (peak memory: the copy
 // + a slice).
+// The layout src packs into (data and scale null): value_bytes() and scale_count() size its storage.
+inline PackedMatrix packed_shape(const MatrixRef& src) noexcept {
+  PackedMatrix m;
+  m.type = src.type, m.rows = src.rows, m.cols = src.cols, m.block = has_scales(src.type) ? src.block : 0;
+  return m;
+}
+
+// pack() into storage the caller owns: `values` (packed_shape(src).value_bytes() bytes) and `scales`
+// (scale_count() floats; null for float types), each 64-byte aligned, their contents anything. Returns the view.
 template <class Done>
-inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool, Done&& done) {
-  PackedWeights w;
-  PackedMatrix& m = w.m;
+inline PackedMatrix pack_into(const MatrixRef& src, ThreadPool* pool, std::byte* values, float* scales, Done&& done) {
+  PackedMatrix m = packed_shape(src);
   const bool scaled = has_scales(src.type);
-  m.type = src.type, m.rows = src.rows, m.cols = src.cols, m.block = scaled ? src.block : 0;
   const size_t es = dtype_size(src.type), col_bytes = panel_column_bytes(src.type);
   const int64_t np = m.panels(), K = src.cols, nb = m.blocks();
-  w.values.assign(m.value_bytes(), std::byte{0});
-  if (scaled) w.scales.assign(m.scale_count(), 0.0f);
-  m.data = w.values.data();
-  m.scale = w.scales.empty() ? nullptr : w.scales.data();
+  m.data = values;
+  m.scale = scaled ? scales : nullptr;
+  // what the panels below leave unwritten: a last partial panel's padding rows (zero weights, zero scales)
+  if (np > 0 && np * kPanel > src.rows) {
+    std::memset(values + size_t(np - 1) * size_t(K) * col_bytes, 0, size_t(K) * col_bytes);
+    if (scaled) std::fill(scales + size_t(np - 1) * size_t(nb) * size_t(kPanel), scales + m.scale_count(), 0.0f);
+  }
   auto panels = [&](size_t b, size_t e) {
     for (int64_t p = int64_t(b); p < int64_t(e); ++p) {
-      std::byte* dst = w.values.data() + size_t(p) * size_t(K) * col_bytes;
+      std::byte* dst = values + size_t(p) * size_t(K) * col_bytes;
       const int64_t rows = std::min<int64_t>(kPanel, src.rows - p * kPanel);
       if (src.type == dtype::I4) detail_pack::columns_i4(src, p * kPanel, rows, dst);
       else switch (es) {
@@ -227,7 +237,7 @@ inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool, Done&& done) {
       if (scaled)
         for (int64_t j = 0; j < rows; ++j)
           for (int64_t bl = 0; bl < nb; ++bl)
-            w.scales[(size_t(p) * size_t(nb) + size_t(bl)) * size_t(kPanel) + size_t(j)] =
+            scales[(size_t(p) * size_t(nb) + size_t(bl)) * size_t(kPanel) + size_t(j)] =
                 src.scale[size_t((p * kPanel + j) * nb + bl)];
     }
   };
@@ -239,6 +249,16 @@ inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool, Done&& done) {
     else panels(size_t(s0), size_t(s1));
     done(s0 * kPanel, std::min(src.rows, s1 * kPanel));
   }
+  return m;
+}
+
+template <class Done>
+inline PackedWeights pack(const MatrixRef& src, ThreadPool* pool, Done&& done) {
+  PackedWeights w;
+  const PackedMatrix shape = packed_shape(src);
+  w.values.resize(shape.value_bytes());
+  w.scales.resize(shape.scale_count());
+  w.m = pack_into(src, pool, w.values.data(), w.scales.empty() ? nullptr : w.scales.data(), done);
   return w;
 }
 
