@@ -192,11 +192,12 @@ inline void finish16(const ops::LinearSeg& g, int64_t r, const float* v, float* 
 constexpr int kPrefetchLocality = 2;
 // Bytes of one panel column of weights of type T.
 constexpr int64_t col_bytes_c(dtype t) { return int64_t(ops::panel_column_bytes(t)); }
-// How far ahead in a panel: 64 columns, at most 2 KiB (f32 and the 16-bit types 2 KiB, I8 1 KiB, I4 512 bytes).
-// Counted in columns because a column is what the tile consumes per step: on Zen 5 an I8 decode (12 layers of
-// opt-125m shapes out of cache, 1 thread) streamed 27-29 GB/s with 1 KiB against 22-26 with 2 KiB and 18-21 with
-// 8 KiB.
-constexpr int64_t prefetch_distance(dtype t) { return std::min<int64_t>(2048, 64 * col_bytes_c(t)); }
+// How far ahead in a panel: 128 columns, at most 2 KiB (f32, the 16-bit types and I8 2 KiB, I4 1 KiB). Counted
+// in columns because a column is what the tile consumes per step. On Zen 5 (2 threads, opt-125m, the weights on
+// huge pages, 300 paired rounds of whole decode tokens) 128 columns took 0.93-0.96x (I8) and 0.96x (I4) the time
+// of 64; 4 KiB took 0.99x (I8), 1.03x (f32) and 1.05x (bf16) the time of 2 KiB. (With the small matrices on 4 KiB
+// pages, before, an I8 decode had streamed 27-29 GB/s with 1 KiB against 22-26 with 2 KiB.)
+constexpr int64_t prefetch_distance(dtype t) { return std::min<int64_t>(2048, 128 * col_bytes_c(t)); }
 
 // Vector v (W weights of consecutive rows) of panel column k, widened to f32 (I8: the integer q).
 template <dtype T>
