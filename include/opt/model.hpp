@@ -867,63 +867,62 @@ class Model {
   // Repacks every linear weight (and the tied LM head) into the kernels' panel layout, in int8 / int4 first with
   // LoadOptions::quantize, then tells the kernel it may drop the mapped source pages, so RSS holds the packed
   // weights, not both. The embedding keeps its stored rows (the lookup touches only the rows it reads).
-  // Every matrix is packed (quantized first, with LoadOptions::quantize) into one buffer, arena_: a model's
-  // matrices are mostly smaller than a huge page (opt-125m's 768 x 768 int8 ones 0.6 MB), and one buffer puts
-  // them all on huge pages (a decode step then takes no TLB miss per 4 KiB of them). On Zen 5 (2 threads,
-  // alternate runs) an int8 opt-125m token took 0.72-0.97x (median 0.93x) as long as with a buffer per matrix.
+  // Every matrix goes into one buffer, arena_: a model's matrices are mostly smaller than a huge page (opt-125m's
+  // 768 x 768 int8 ones 0.6 MB), and one buffer puts them all on huge pages (a decode step then takes no TLB miss
+  // per 4 KiB of them). On Zen 5 (2 threads, alternate runs) an int8 opt-125m token took 0.72-0.97x (median 0.93x)
+  // as long as with a buffer per matrix.
   void pack_weights(const LoadOptions& opts) {
     (void)kernels::active();  // OPT_ISA errors surface at load, not inside the first forward pass
     ThreadPool pool;
     const bool q8 = opts.quantize != quantization::none;
-    const auto packed_type = [&](const MatrixRef& m, bool quantize) {
-      MatrixRef t = m;
-      if (quantize) {
+    struct Job {
+      const MatrixRef* src;
+      PackedMatrix* dst;
+      bool quantize;
+    };
+    std::vector<Job> jobs;  // in packing order
+    for (DecoderLayerWeights& L : w_.layers)
+      for (LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2})
+        jobs.push_back({&l->weight, &l->packed, q8});
+    jobs.push_back({&w_.project_in, &w_.project_in_packed, q8});
+    jobs.push_back({&w_.project_out, &w_.project_out_packed, q8});
+    if (head_) jobs.push_back({&w_.embed_tokens, &w_.lm_head_packed, opts.lm_head_quantized()});
+    // the layout of each job's panels: of its source, or of the int8 / int4 matrix quantized from it
+    const auto shape = [&](const Job& j) {
+      MatrixRef t = *j.src;
+      if (j.quantize) {
         t.type = opts.quantize == quantization::int4 ? dtype::I4 : dtype::I8;
         t.block = opts.quantize == quantization::int4 ? ops::kQ4Block : ops::kQ8Block;
       }
       return ops::packed_shape(t);
     };
-    std::vector<std::pair<MatrixRef*, bool>> todo;  // (source, quantize) in packing order
-    for (DecoderLayerWeights& L : w_.layers)
-      for (LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2}) todo.push_back({&l->weight, q8});
-    todo.push_back({&w_.project_in, q8});
-    todo.push_back({&w_.project_out, q8});
-    if (head_) todo.push_back({&w_.embed_tokens, opts.lm_head_quantized()});
     const auto align = [](size_t n) { return (n + 63) / 64 * 64; };
     size_t total = 0;
-    for (const auto& [m, quantize] : todo)
-      if (m->data) {
-        const PackedMatrix s = packed_type(*m, quantize);
-        total += align(s.value_bytes()) + align(s.scale_count() * sizeof(float));
-      }
+    for (const Job& j : jobs)
+      if (j.src->data) total += align(shape(j).value_bytes()) + align(shape(j).scale_count() * sizeof(float));
     arena_ = std::make_shared<detail::LargeBuffer>(total);
     size_t at = 0;
-    auto pack = [&](const MatrixRef& m, bool quantize) -> PackedMatrix {
-      if (!m.data) return {};
-      const PackedMatrix s = packed_type(m, quantize);
-      std::byte* values = arena_->data() + at;
-      at += align(s.value_bytes());
-      float* scales = s.scale_count() ? reinterpret_cast<float*>(arena_->data() + at) : nullptr;
-      at += align(s.scale_count() * sizeof(float));
-      if (quantize) {
-        const QuantizedMatrix q =
-            opts.quantize == quantization::int4 ? quantize_int4(m, &pool) : quantize_int8(m, &pool);
-        return ops::pack_into(q.ref(), &pool, values, scales, [](int64_t, int64_t) {});
+    for (const Job& j : jobs) {
+      const MatrixRef& m = *j.src;
+      if (m.data) {
+        const PackedMatrix s = shape(j);
+        std::byte* values = arena_->data() + at;
+        at += align(s.value_bytes());
+        float* scales = s.scale_count() ? reinterpret_cast<float*>(arena_->data() + at) : nullptr;
+        at += align(s.scale_count() * sizeof(float));
+        if (j.quantize) {
+          const QuantizedMatrix q =
+              opts.quantize == quantization::int4 ? quantize_int4(m, &pool) : quantize_int8(m, &pool);
+          *j.dst = ops::pack_into(q.ref(), &pool, values, scales, [](int64_t, int64_t) {});
+        } else {  // the source's pages go as their panels are done (the embedding alone is 154 MB at 125m in f32)
+          *j.dst = ops::pack_into(m, &pool, values, scales, [&](int64_t r0, int64_t r1) { release_pages(m, r0, r1); });
+        }
+      } else {
+        *j.dst = {};
       }
-      // the source's pages go as their panels are done (the embedding alone is 154 MB at 125m in f32)
-      return ops::pack_into(m, &pool, values, scales, [&](int64_t r0, int64_t r1) { release_pages(m, r0, r1); });
-    };
-    for (DecoderLayerWeights& L : w_.layers)
-      for (LinearWeights* l : {&L.q_proj, &L.k_proj, &L.v_proj, &L.out_proj, &L.fc1, &L.fc2}) {
-        l->packed = pack(l->weight, q8);
-        release_pages(l->weight);
-      }
-    w_.project_in_packed = pack(w_.project_in, q8);
-    w_.project_out_packed = pack(w_.project_out, q8);
-    release_pages(w_.project_in);
-    release_pages(w_.project_out);
-    if (head_) w_.lm_head_packed = pack(w_.embed_tokens, opts.lm_head_quantized());
-    release_pages(w_.embed_tokens);
+      release_pages(m);
+    }
+    if (!head_) release_pages(w_.embed_tokens);
   }
   // Drops the pages of m's bytes when they lie inside a file mapping of the checkpoint (never heap memory: a
   // checkpoint read from bytes, or a tensor copied for alignment, keeps its data).

@@ -197,11 +197,6 @@ inline void columns_i4(const MatrixRef& src, int64_t r0, int64_t rows, std::byte
 }
 }  // namespace detail_pack
 
-// Repacks a row-major matrix (any of its types) into panels, split over the pool's threads by panel. A copy:
-// F32 keeps 4 bytes a weight, F16/BF16 2, I8 1, I4 half a byte (+ the scales); the source can be released
-// afterwards. The panels go in slices of about 16 MiB of source; done(r0, r1) is called after each slice with the
-// source rows it has finished with, so a caller can release them while the rest is packed (peak memory: the copy
-// + a slice).
 // The layout src packs into (data and scale null): value_bytes() and scale_count() size its storage.
 inline PackedMatrix packed_shape(const MatrixRef& src) noexcept {
   PackedMatrix m;
@@ -209,8 +204,14 @@ inline PackedMatrix packed_shape(const MatrixRef& src) noexcept {
   return m;
 }
 
-// pack() into storage the caller owns: `values` (packed_shape(src).value_bytes() bytes) and `scales`
-// (scale_count() floats; null for float types), each 64-byte aligned, their contents anything. Returns the view.
+// Repacks a row-major matrix (any of its types) into panels, split over the pool's threads by panel. A copy:
+// F32 keeps 4 bytes a weight, F16/BF16 2, I8 1, I4 half a byte (+ the scales); the source can be released
+// afterwards. The panels go in slices of about 16 MiB of source; done(r0, r1) is called after each slice with the
+// source rows it has finished with, so a caller can release them while the rest is packed (peak memory: the copy
+// + a slice).
+// pack_into writes into storage the caller owns: `values` (packed_shape(src).value_bytes() bytes) and `scales`
+// (scale_count() floats; null for float types), each 64-byte aligned, their contents anything. Returns the view;
+// pack() allocates the storage and returns it with the view.
 template <class Done>
 inline PackedMatrix pack_into(const MatrixRef& src, ThreadPool* pool, std::byte* values, float* scales, Done&& done) {
   PackedMatrix m = packed_shape(src);

@@ -75,7 +75,6 @@ inline void linear_q4(const float* x, int64_t n, const uint8_t* q, const float* 
   linear_d(x, n, w, bias, y);
 }
 
-// y[n, d] = (x - mean) / sqrt(var + eps) * gamma + beta       (torch.nn.LayerNorm, biased variance)
 // The index of the first NaN of s[0, n), else of its first largest value (torch.argmax); 0 when n <= 0.
 inline int64_t argmax(const float* s, int64_t n) {
   if (n <= 0) return 0;
@@ -87,6 +86,7 @@ inline int64_t argmax(const float* s, int64_t n) {
   return int64_t(i);
 }
 
+// y[n, d] = (x - mean) / sqrt(var + eps) * gamma + beta       (torch.nn.LayerNorm, biased variance)
 inline void layer_norm(const float* x, int64_t n, int64_t d, const float* gamma, const float* beta, float eps,
                        float* y) {
   const MatrixD X = ConstMapF(x, n, d).cast<double>();
