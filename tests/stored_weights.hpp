@@ -2,6 +2,7 @@
 // values the kernels actually see after rounding or quantization. Shared by tests/test_ops.cpp and bench/bench_ops.cpp.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <opt/detail/fp16.hpp>
 #include <opt/ops.hpp>
 #include <opt/quantize.hpp>
@@ -39,6 +40,21 @@ inline StoredWeights store_weights(opt::dtype t, int64_t rows, int64_t cols, std
   w.packed = opt::ops::pack(w.stored);
   w.ref = w.packed.view();
   return w;
+}
+
+// The values of m laid out in panel groups of g (PackedMatrix::group) in `bytes`: the same matrix (scales shared
+// with m), another layout. g = 1 is the layout of version-1 stored packed folders.
+inline opt::PackedMatrix regroup(const opt::PackedMatrix& m, int64_t g, opt::ops::aligned_vector<std::byte>& bytes) {
+  opt::PackedMatrix r = m;
+  r.group = g;
+  bytes.assign(m.value_bytes(), std::byte{0});
+  r.data = bytes.data();
+  const size_t cb = opt::ops::panel_column_bytes(m.type);
+  for (int64_t p = 0; p < m.panels(); ++p)
+    for (int64_t c = 0; c < m.cols; ++c)
+      std::memcpy(bytes.data() + (r.panel(p) - static_cast<const std::byte*>(r.data)) + size_t(c) * r.column_stride(p),
+                  m.panel(p) + size_t(c) * m.column_stride(p), cb);
+  return r;
 }
 
 }  // namespace opt_test

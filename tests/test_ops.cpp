@@ -90,6 +90,42 @@ TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, til
   });
 }
 
+TEST_CASE("every panel grouping gives the same bits; pack() interleaves groups of kPanelGroup panels") {
+  // PackedMatrix::group only moves bytes: decode tiles read a whole group as one stream, prefill and tail tiles
+  // read part of one, a version-1 stored folder has group 1. Sizes: groups whole and partial, a tail panel.
+  opt::ThreadPool pool(2);
+  for_each_isa([&](opt::kernels::isa) {
+    for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8, opt::dtype::I4})
+      for (int64_t K : {17, 256, 1100})
+        for (int64_t R : {18, 100, 130}) {
+          W w = make(t, R, K, uint32_t(K * 31 + R));
+          CHECK(w.ref.group == opt::ops::kPanelGroup);
+          for (int64_t g : {1, 2, 3, 5}) {
+            opt::ops::aligned_vector<std::byte> bytes;
+            const opt::PackedMatrix r = opt_test::regroup(w.ref, g, bytes);
+            bool elems = true;
+            for (int64_t i = 0; i < R; i += 7)
+              for (int64_t c = 0; c < K; c += 5)
+                elems = elems && opt::ops::packed_element(r, i, c) == opt::ops::packed_element(w.ref, i, c);
+            CHECK(elems);
+            for (int64_t n : {1, 2, 4, 9}) {
+              INFO(opt::to_string(t) << " K=" << K << " R=" << R << " group=" << g << " n=" << n);
+              std::vector<float> x = randu(size_t(n * K), uint32_t(n + K)), b = randu(size_t(R), 5);
+              std::vector<float> want(size_t(n * R)), got(size_t(n * R));
+              opt::ops::linear(pool, x.data(), n, w.ref, b.data(), want.data());
+              opt::ops::linear(pool, x.data(), n, r, b.data(), got.data());
+              CHECK(same_bits(want, got));
+              if (t == opt::dtype::I8 && n == 1) {  // the approximate int8 kernel gathers a grouped panel's columns
+                opt::ops::linear(pool, x.data(), n, w.ref, b.data(), want.data(), {}, true);
+                opt::ops::linear(pool, x.data(), n, r, b.data(), got.data(), {}, true);
+                CHECK(same_bits(want, got));
+              }
+            }
+          }
+        }
+  });
+}
+
 TEST_CASE("approximate int8 (LinearSeg::approximate): within the inputs' quantization error, exact where unused") {
   // Where the ISA has int8 dot products (AVX-512 VNNI + VBMI) one token's I8 linear runs on x quantized per block
   // to round(x / s), s = max|x| / 127: each output moves by at most sum_k |w_rk| s_b(k) / 2 from the exact one.

@@ -744,7 +744,7 @@ class Model {
       if (!p || (ops::has_scales(t) && !sc)) return PackedMatrix{};
       used.insert(p->name);
       if (sc) used.insert(sc->name);
-      return packed_view(full, *p, sc, t, block, rows, cols);
+      return packed_view(full, *p, sc, t, block, rows, cols, scheme_->group);
     };
     for_each_tensor(config_, w_, [&](const TensorSlot& slot) {
       const std::string full = prefix_ + slot.name;

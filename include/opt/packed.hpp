@@ -3,9 +3,11 @@
 // (no copy, no quantizing at load). Here: its names and metadata, the checks a loader makes, the pack step, and a
 // streaming writer (one tensor in memory at a time) used by convert_packed() and by random checkpoints.
 //
-// Format, version 1 (a valid safetensors checkpoint: model.safetensors, or shards + model.safetensors.index.json):
+// Format, version 2 (a valid safetensors checkpoint: model.safetensors, or shards + model.safetensors.index.json):
 //   __metadata__ of every file:
-//     "format": "pt", "opt.format": "packed", "opt.format_version": "1", "opt.panel_rows": "16" (ops::kPanel),
+//     "format": "pt", "opt.format": "packed", "opt.format_version": "2", "opt.panel_rows": "16" (ops::kPanel),
+//     "opt.panel_group": "4"  panels interleaved column by column (PackedMatrix::group; this build writes
+//                             ops::kPanelGroup and reads any group from 1 to 64)
 //     "opt.weight_type":  F32 | F16 | BF16 | I8 | I4   the linear weights' panels
 //     "opt.weight_block": columns per scale (I8: 128 = ops::kQ8Block); "0" for the float types
 //     "opt.lm_head_type", "opt.lm_head_block": the same for the tied LM head
@@ -18,6 +20,8 @@
 //   Alignment: each file's header block is padded to a multiple of 64 bytes and its tensors whose size is a
 //   multiple of 64 (every .panels and .scales) come first, so each of those starts 64-byte aligned in a mapping.
 //   The data has no holes, as safetensors requires.
+// Version 1 (written before the panels were grouped) is version 2 without "opt.panel_group": group 1, panel after
+// panel. It still loads and gives the same bits; its decode reads each panel as a separate stream (slower).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -41,7 +45,8 @@
 
 OPT_NAMESPACE_BEGIN
 
-constexpr const char* kPackedFormatVersion = "1";
+constexpr const char* kPackedFormatVersion = "2";
+constexpr int64_t kPackedMaxGroup = 64;  // the largest opt.panel_group a reader accepts
 constexpr size_t kPackedAlign = 64;  // bytes: a cache line, one AVX-512 vector; what PackedWeights allocates
 
 inline std::string packed_panels_name(const std::string& weight) { return weight + ".panels"; }
@@ -74,12 +79,14 @@ struct PackedScheme {
   int64_t weight_block = ops::kQ8Block;
   dtype lm_head = dtype::F32;
   int64_t lm_head_block = 0;
+  int64_t group = ops::kPanelGroup;  // PackedMatrix::group of every packed matrix (1 in a version-1 folder)
 
   std::map<std::string, std::string> metadata() const {
     return {{"format", "pt"},
             {"opt.format", "packed"},
             {"opt.format_version", kPackedFormatVersion},
             {"opt.panel_rows", std::to_string(ops::kPanel)},
+            {"opt.panel_group", std::to_string(group)},
             {"opt.weight_type", to_string(weight)},
             {"opt.weight_block", std::to_string(weight_block)},
             {"opt.lm_head_type", to_string(lm_head)},
@@ -87,14 +94,15 @@ struct PackedScheme {
   }
   bool operator==(const PackedScheme& o) const noexcept {
     return weight == o.weight && weight_block == o.weight_block && lm_head == o.lm_head &&
-           lm_head_block == o.lm_head_block;
+           lm_head_block == o.lm_head_block && group == o.group;
   }
   bool operator!=(const PackedScheme& o) const noexcept { return !(*this == o); }
   std::string describe() const {
     auto one = [](dtype t, int64_t b) {
       return std::string(to_string(t)) + (ops::has_scales(t) ? " (block " + std::to_string(b) + ")" : "");
     };
-    return "weights " + one(weight, weight_block) + ", LM head " + one(lm_head, lm_head_block);
+    return "weights " + one(weight, weight_block) + ", LM head " + one(lm_head, lm_head_block) + ", panel group " +
+           std::to_string(group);
   }
 
   // The scheme a file's metadata declares: nullopt when it has no "opt.format" (an ordinary checkpoint); throws
@@ -114,8 +122,20 @@ struct PackedScheme {
         throw format_error(file + ": __metadata__[\"" + k + "\"] is \"" + v + "\", expected \"" + want + "\"");
     };
     expect("opt.format", "packed");
-    expect("opt.format_version", kPackedFormatVersion);
+    const std::string& version = key("opt.format_version");
+    if (version != "1" && version != kPackedFormatVersion)
+      throw format_error(file + ": __metadata__[\"opt.format_version\"] is \"" + version + "\", expected \"1\" or \"" +
+                         kPackedFormatVersion + "\"");
     expect("opt.panel_rows", std::to_string(ops::kPanel));
+    int64_t group = 1;
+    if (version != "1") {
+      const std::string& g = key("opt.panel_group");
+      group = 0;
+      for (char ch : g) group = ch >= '0' && ch <= '9' && group <= kPackedMaxGroup ? group * 10 + (ch - '0') : -1;
+      if (g.empty() || g.size() > 3 || group < 1 || group > kPackedMaxGroup)
+        throw format_error(file + ": __metadata__[\"opt.panel_group\"] is \"" + g + "\", expected an integer from 1 to " +
+                           std::to_string(kPackedMaxGroup));
+    }
     auto type = [&](const std::string& k) {
       const std::string& v = key(k);
       const std::optional<dtype> t = v == "I4" ? std::optional<dtype>(dtype::I4) : dtype_from_string(v);
@@ -136,14 +156,16 @@ struct PackedScheme {
     s.weight_block = block("opt.weight_type", "opt.weight_block", s.weight);
     s.lm_head = type("opt.lm_head_type");
     s.lm_head_block = block("opt.lm_head_type", "opt.lm_head_block", s.lm_head);
+    s.group = group;
     return s;
   }
 };
 
-// A [rows, cols] matrix of type t in panels, without data: value_bytes() and scale_count() are its stored sizes.
-inline PackedMatrix packed_layout(dtype t, int64_t block, int64_t rows, int64_t cols) {
+// A [rows, cols] matrix of type t in panels (groups of `group`), without data: value_bytes() and scale_count() are
+// its stored sizes.
+inline PackedMatrix packed_layout(dtype t, int64_t block, int64_t rows, int64_t cols, int64_t group) {
   PackedMatrix m;
-  m.type = t, m.rows = rows, m.cols = cols, m.block = ops::has_scales(t) ? block : 0;
+  m.type = t, m.rows = rows, m.cols = cols, m.block = ops::has_scales(t) ? block : 0, m.group = group;
   return m;
 }
 
@@ -151,8 +173,8 @@ inline PackedMatrix packed_layout(dtype t, int64_t block, int64_t rows, int64_t 
 // mapping, after checking dtype, shape, size against the [rows, cols] config.json gives, and 64-byte alignment.
 // Throws tensor_error naming the tensor, what was expected and what was found.
 inline PackedMatrix packed_view(const std::string& weight, const TensorView& panels, const TensorView* scales,
-                                dtype t, int64_t block, int64_t rows, int64_t cols) {
-  PackedMatrix m = packed_layout(t, block, rows, cols);
+                                dtype t, int64_t block, int64_t rows, int64_t cols, int64_t group) {
+  PackedMatrix m = packed_layout(t, block, rows, cols, group);
   const std::string what = " (" + std::string(to_string(t)) + " [" + std::to_string(rows) + ", " +
                            std::to_string(cols) + "] in panels of " + std::to_string(ops::kPanel) + " rows)";
   auto check = [&](const TensorView& v, dtype want, size_t numel, const char* kind) {
@@ -207,7 +229,7 @@ struct WriteJob {
 // The job writing W's panels (and scales) as packed type t with the given producer of the PackedWeights.
 inline WriteJob packed_job(const std::string& weight, dtype t, int64_t rows, int64_t cols,
                            std::function<PackedWeights()> make) {
-  const PackedMatrix m = packed_layout(t, packed_block(t, weight), rows, cols);
+  const PackedMatrix m = packed_layout(t, packed_block(t, weight), rows, cols, ops::kPanelGroup);
   WriteJob j;
   j.tensors.push_back({packed_panels_name(weight), dtype::U8, {int64_t(packed_padded_bytes(m.value_bytes()))}, {}});
   if (ops::has_scales(t))
@@ -215,7 +237,7 @@ inline WriteJob packed_job(const std::string& weight, dtype t, int64_t rows, int
   j.produce = [weight, m, make = std::move(make)](const std::function<void(const void*, size_t)>& emit) {
     const PackedWeights w = make();
     const PackedMatrix& v = w.view();
-    if (v.type != m.type || v.rows != m.rows || v.cols != m.cols || v.block != m.block ||
+    if (v.type != m.type || v.rows != m.rows || v.cols != m.cols || v.block != m.block || v.group != m.group ||
         w.values.size() < m.value_bytes() || w.scales.size() != m.scale_count())
       throw input_error("packed writer: '" + weight + "' was packed to an unexpected layout");
     emit(w.values.data(), m.value_bytes());

@@ -242,8 +242,9 @@ function checkPacked(dir, weightType) {
     const { header, dataStart } = safetensorsHeader(path.join(dir, f));
     const md = header.__metadata__;
     assert.equal(md["opt.format"], "packed", f);
-    assert.equal(md["opt.format_version"], "1", f);
+    assert.equal(md["opt.format_version"], "2", f);
     assert.equal(md["opt.panel_rows"], "16", f);
+    assert.equal(md["opt.panel_group"], "4", f);
     assert.equal(md["opt.weight_type"], weightType, f);
     scheme ??= md;
     assert.deepEqual(md, scheme, `${f}: the same scheme in every shard`);

@@ -120,9 +120,10 @@ inline bool linear_i8_approx(const float* x, int64_t n, const ops::LinearSeg& g,
 // x is quantized per block of the weights' columns to u = round(x / s) + 128 (s = max|x| / 127), so output row r
 // of a block is s * scale(r, block) * (sum u q - 128 sum q), both sums by vpdpbusd over 4 columns a lane (integer
 // sums: exact in any order). A panel's 4-column group (64 bytes: 4 columns of 16 rows) becomes 16 (row, 4
-// columns) lanes by one vpermb. Not the exact FMA chain: the result moves by the quantization of x.
-// out[j]: row j of panel p0 before the epilogue, for one token's u / sx. The panel is read as one sequential
-// stream, its 4-column groups going round robin to 4 pairs of accumulators.
+// columns) lanes by one vpermb (with interleaved panels, PackedMatrix::group, the 4 columns are gathered first).
+// Not the exact FMA chain: the result moves by the quantization of x.
+// out[j]: row j of panel p0 before the epilogue, for one token's u / sx. The panel is read in column order, its
+// 4-column groups going round robin to 4 pairs of accumulators.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"), noinline)) inline void i8_approx_panel(
     const uint8_t* u, const float* sx, const PackedMatrix& w, int64_t p0, float* out) {
   alignas(64) static constexpr uint8_t kT[64] = {  // byte 4r + j <- byte 16j + r
@@ -132,7 +133,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"), noinli
   const __m512i tr = _mm512_load_si512(kT), ones = _mm512_set1_epi8(1);
   const int64_t K = w.cols, B = w.block, nb = w.blocks();
   const int8_t* pp = reinterpret_cast<const int8_t*>(w.panel(p0));
-  constexpr int64_t kAhead = prefetch_distance(dtype::I8);
+  const int64_t cs = int64_t(w.column_stride(p0));  // 16 (panel after panel) or the group's interleave
+  constexpr int64_t kAheadCols = prefetch_distance(dtype::I8) / 16;
+  // columns k .. k + 3 of the panel (16 bytes each) as one 64-byte vector, in the byte order vpermb expects
+  const auto load4 = [&](int64_t k) {
+    const int8_t* c = pp + k * cs;
+    if (cs == 16) return _mm512_loadu_si512(c);
+    const __m512i lo = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+    const __m512i a = _mm512_inserti32x4(lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + cs)), 1);
+    const __m512i b = _mm512_inserti32x4(a, _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 2 * cs)), 2);
+    return _mm512_inserti32x4(b, _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 3 * cs)), 3);
+  };
+  // a cache line ahead of the panel's columns k .. k + 3 (four lines when they are interleaved with a group's)
+  const auto ahead = [&](int64_t k) {
+    const int8_t* c = pp + (k + kAheadCols) * cs;
+    __builtin_prefetch(c, 0, kPrefetchLocality);
+    if (cs != 16)
+      for (int j = 1; j < 4; ++j) __builtin_prefetch(c + j * cs, 0, kPrefetchLocality);
+  };
   __m512 res = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t kb = b * B, ke = std::min(K, kb + B);
@@ -141,10 +159,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"), noinli
     int64_t k = kb;
     for (; k + 16 <= ke; k += 16) {
       _Pragma("GCC unroll 4") for (int a = 0; a < 4; ++a) {
-        __builtin_prefetch(pp + (k + 4 * a) * 16 + kAhead, 0, kPrefetchLocality);
+        ahead(k + 4 * a);
         int32_t x4;
         std::memcpy(&x4, u + k + 4 * a, 4);
-        const __m512i q = _mm512_permutexvar_epi8(tr, _mm512_loadu_si512(pp + (k + 4 * a) * 16));
+        const __m512i q = _mm512_permutexvar_epi8(tr, load4(k + 4 * a));
         acc[a] = _mm512_dpbusd_epi32(acc[a], _mm512_set1_epi32(x4), q);
         ws[a] = _mm512_dpbusd_epi32(ws[a], ones, q);
       }
@@ -152,7 +170,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"), noinli
     for (; k < ke; k += 4) {
       int32_t x4;
       std::memcpy(&x4, u + k, 4);
-      const __m512i q = _mm512_permutexvar_epi8(tr, _mm512_loadu_si512(pp + k * 16));
+      const __m512i q = _mm512_permutexvar_epi8(tr, load4(k));
       acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_set1_epi32(x4), q);
       ws[0] = _mm512_dpbusd_epi32(ws[0], ones, q);
     }

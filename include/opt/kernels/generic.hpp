@@ -199,27 +199,27 @@ constexpr int64_t col_bytes_c(dtype t) { return int64_t(ops::panel_column_bytes(
 // pages, before, an I8 decode had streamed 27-29 GB/s with 1 KiB against 22-26 with 2 KiB.)
 constexpr int64_t prefetch_distance(dtype t) { return std::min<int64_t>(2048, 128 * col_bytes_c(t)); }
 
-// Vector v (W weights of consecutive rows) of panel column k, widened to f32 (I8: the integer q).
+// Vector v (W weights of consecutive rows) of a panel column, widened to f32 (I8: the integer q).
 template <dtype T>
-OPT_K_INLINE V load_w(const std::byte* panel, int64_t k, int v) {
-  const int64_t e = k * ops::kPanel + v * W;
-  if constexpr (T == dtype::F32) return Simd::load(reinterpret_cast<const float*>(panel) + e);
-  else if constexpr (T == dtype::F16) return Simd::load_f16(reinterpret_cast<const uint16_t*>(panel) + e);
-  else if constexpr (T == dtype::BF16) return Simd::load_bf16(reinterpret_cast<const uint16_t*>(panel) + e);
-  else return Simd::load_i8(reinterpret_cast<const int8_t*>(panel) + e);
+OPT_K_INLINE V load_w(const std::byte* col, int v) {
+  const int64_t e = v * W;
+  if constexpr (T == dtype::F32) return Simd::load(reinterpret_cast<const float*>(col) + e);
+  else if constexpr (T == dtype::F16) return Simd::load_f16(reinterpret_cast<const uint16_t*>(col) + e);
+  else if constexpr (T == dtype::BF16) return Simd::load_bf16(reinterpret_cast<const uint16_t*>(col) + e);
+  else return Simd::load_i8(reinterpret_cast<const int8_t*>(col) + e);
 }
 
-// All VP vectors of panel column k into wv, each kept in a register (not re-loaded and re-widened for each of the
-// tile's FMAs). I4: the column's kPanel / 2 bytes decoded at once into the integers q (exact in f32).
+// All VP vectors of one panel column into wv, each kept in a register (not re-loaded and re-widened for each of
+// the tile's FMAs). I4: the column's kPanel / 2 bytes decoded at once into the integers q (exact in f32).
 template <dtype T>
-OPT_K_INLINE void load_col(const std::byte* panel, int64_t k, V* wv) {
+OPT_K_INLINE void load_col(const std::byte* col, V* wv) {
   // (kept through a local: keep() on the array element itself made GCC store every weight vector to the stack)
-  if constexpr (T == dtype::I4) Simd::load_i4(reinterpret_cast<const uint8_t*>(panel) + k * col_bytes_c(T), wv);
+  if constexpr (T == dtype::I4) Simd::load_i4(reinterpret_cast<const uint8_t*>(col), wv);
   OPT_K_UNROLL
   for (int v = 0; v < VP; ++v) {
     V t;
     if constexpr (T == dtype::I4) t = wv[v];
-    else t = load_w<T>(panel, k, v);
+    else t = load_w<T>(col, v);
     Simd::keep(t);
     wv[v] = t;
   }
@@ -240,9 +240,10 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   constexpr bool kAllW = MR * NP * VP + NP * VP + 1 <= Simd::kRegs;
   constexpr bool kI8 = ops::has_scales(T);  // integer weights with scales (I8, I4)
   V acc[MR][NP][VP];
-  const std::byte* pp[NP];
+  const std::byte* pp[NP];  // column k of panel p0 + p at pp[p] + k * cs[p]
+  int64_t cs[NP];
   OPT_K_UNROLL
-  for (int p = 0; p < NP; ++p) pp[p] = w.panel(p0 + p);
+  for (int p = 0; p < NP; ++p) pp[p] = w.panel(p0 + p), cs[p] = int64_t(w.column_stride(p0 + p));
   if (kI8)
     OPT_K_UNROLL
     for (int m = 0; m < MR; ++m)
@@ -253,13 +254,31 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   const int64_t B = kI8 ? w.block : K;
   const int64_t nb = kI8 && K > 0 ? (K + B - 1) / B : 1;  // blocks of columns (one for float weights)
   constexpr int64_t kColBytes = col_bytes_c(T);
-  constexpr int64_t kPrefetch = prefetch_distance(T);
-  constexpr int64_t kPfEvery = kColBytes >= 64 ? 1 : 64 / kColBytes;  // columns per prefetch: one a cache line
-  // the first kPrefetch bytes of every panel, which the prefetches below run ahead of
+  // What is prefetched: the tile's panels as one stream when they are one whole group (the decode case: column k
+  // of all NP panels is NP * kColBytes consecutive bytes), else each panel's columns as a stream of its own;
+  // prefetch_distance(T) / kColBytes columns ahead, each cache line once (panels sharing a line may both ask).
+  bool one = NP > 1 && cs[0] == NP * kColBytes;
   OPT_K_UNROLL
-  for (int p = 0; p < NP; ++p)
-    for (int64_t o = 0; o < std::min<int64_t>(kPrefetch, K * kColBytes); o += 64)
-      __builtin_prefetch(pp[p] + o, 0, kPrefetchLocality);
+  for (int p = 1; p < NP; ++p) one = one && pp[p] == pp[0] + p * kColBytes;
+  constexpr int64_t kAheadCols = prefetch_distance(T) / kColBytes;
+  constexpr int64_t kOneBytes = NP * kColBytes;  // a whole group's column
+  const auto prefetch_col = [&](int64_t k) {  // the cache lines that column k starts
+    if (one) {
+      if constexpr (kOneBytes >= 64) {
+        OPT_K_UNROLL
+        for (int64_t o = 0; o < kOneBytes; o += 64) __builtin_prefetch(pp[0] + k * kOneBytes + o, 0, kPrefetchLocality);
+      } else if (((k * kOneBytes) & 63) < kOneBytes) {
+        __builtin_prefetch(pp[0] + k * kOneBytes, 0, kPrefetchLocality);
+      }
+      return;
+    }
+    OPT_K_UNROLL
+    for (int p = 0; p < NP; ++p)
+      if (cs[p] >= 64 || ((k * cs[p]) & 63) < cs[p])
+        OPT_K_UNROLL
+        for (int64_t o = 0; o < kColBytes; o += 64) __builtin_prefetch(pp[p] + k * cs[p] + o, 0, kPrefetchLocality);
+  };
+  for (int64_t c = 0; c < std::min(kAheadCols, K); ++c) prefetch_col(c);
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t kb = b * B;
     OPT_K_UNROLL
@@ -270,15 +289,13 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::zero();
     const int64_t ke = std::min(K, kb + B);
     for (int64_t k = kb; k < ke; ++k) {
-      // a panel is one long sequential stream: ask for it kPrefetch bytes ahead (one or two streams per core
-      // are too few for the hardware prefetcher at decode's rate), once a cache line
-      if (kPfEvery == 1 || (k & (kPfEvery - 1)) == 0)
-        OPT_K_UNROLL
-        for (int p = 0; p < NP; ++p) __builtin_prefetch(pp[p] + k * kColBytes + kPrefetch, 0, kPrefetchLocality);
+      // a stream is long and sequential: ask for it kAheadCols columns ahead (one or two streams per core are too
+      // few for the hardware prefetcher at decode's rate)
+      prefetch_col(k + kAheadCols);
       if constexpr (kAllW) {
         V wv[NP][VP];
         OPT_K_UNROLL
-        for (int p = 0; p < NP; ++p) load_col<T>(pp[p], k, wv[p]);
+        for (int p = 0; p < NP; ++p) load_col<T>(pp[p] + k * cs[p], wv[p]);
         OPT_K_UNROLL
         for (int m = 0; m < MR; ++m) {
           V xb = Simd::set1(x[m * ldx + k]);
@@ -292,7 +309,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         OPT_K_UNROLL
         for (int p = 0; p < NP; ++p) {
           V wv[VP];
-          load_col<T>(pp[p], k, wv);
+          load_col<T>(pp[p] + k * cs[p], wv);
           OPT_K_UNROLL
           for (int m = 0; m < MR; ++m) {
             V xb = Simd::set1(x[m * ldx + k]);
