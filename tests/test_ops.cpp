@@ -90,7 +90,7 @@ TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, til
   });
 }
 
-TEST_CASE("every panel grouping gives the same bits; pack() interleaves groups of kPanelGroup panels") {
+TEST_CASE("every panel grouping gives the same bits; pack() interleaves groups of panel_group(type) panels") {
   // PackedMatrix::group only moves bytes: decode tiles read a whole group as one stream, prefill and tail tiles
   // read part of one, a version-1 stored folder has group 1. Sizes: groups whole and partial, a tail panel.
   opt::ThreadPool pool(2);
@@ -99,8 +99,8 @@ TEST_CASE("every panel grouping gives the same bits; pack() interleaves groups o
       for (int64_t K : {17, 256, 1100})
         for (int64_t R : {18, 100, 130}) {
           W w = make(t, R, K, uint32_t(K * 31 + R));
-          CHECK(w.ref.group == opt::ops::kPanelGroup);
-          for (int64_t g : {1, 2, 3, 5}) {
+          CHECK(w.ref.group == opt::ops::panel_group(t));
+          for (int64_t g : {1, 2, 3, 4, 5}) {
             opt::ops::aligned_vector<std::byte> bytes;
             const opt::PackedMatrix r = opt_test::regroup(w.ref, g, bytes);
             bool elems = true;

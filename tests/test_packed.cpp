@@ -205,7 +205,7 @@ TEST_CASE("random stored int8 / int4 / float panels: the bits of the float folde
   }
 }
 
-TEST_CASE("a version-1 folder (panels one after the other, no opt.panel_group) runs to the bits of version 2") {
+TEST_CASE("a version-1 folder (panels one after the other, no group keys) runs to the bits of version 2") {
   // Version 1 was written before the panels were interleaved in groups (PackedMatrix::group): rewrite a version-2
   // folder's panels as group 1 and mark it version 1; so are folders converted by earlier builds.
   const fs::path v2 = scratch("packed-v2");
@@ -215,8 +215,9 @@ TEST_CASE("a version-1 folder (panels one after the other, no opt.panel_group) r
   opt::convert_packed(opt_test::fixture_dir("opt-tiny-preln"), v2, po);
   const opt::Model m2 = opt::Model::load(v2);
   REQUIRE(m2.stored_scheme());
-  CHECK(m2.stored_scheme()->group == opt::ops::kPanelGroup);
-  CHECK(m2.weights().layers[0].fc1.packed.group == opt::ops::kPanelGroup);
+  CHECK(m2.stored_scheme()->weight_group == 4);
+  CHECK(m2.stored_scheme()->lm_head_group == 4);
+  CHECK(m2.weights().layers[0].fc1.packed.group == 4);
   std::map<std::string, const opt::PackedMatrix*> packed{{"lm_head.weight", &m2.weights().lm_head()}};
   for (size_t i = 0; i < m2.weights().layers.size(); ++i) {
     const auto& L = m2.weights().layers[i];
@@ -229,7 +230,8 @@ TEST_CASE("a version-1 folder (panels one after the other, no opt.panel_group) r
   size_t regrouped = 0;
   const fs::path v1 = edited(v2, "packed-v1", [&](std::vector<opt::TensorData>& t, std::map<std::string, std::string>& md) {
     md["opt.format_version"] = "1";
-    md.erase("opt.panel_group");
+    md.erase("opt.weight_group");
+    md.erase("opt.lm_head_group");
     for (opt::TensorData& d : t) {
       const std::string suffix = ".panels";
       if (d.name.size() < suffix.size() || d.name.compare(d.name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
@@ -242,7 +244,8 @@ TEST_CASE("a version-1 folder (panels one after the other, no opt.panel_group) r
   CHECK(regrouped == packed.size());
   const opt::Model m1 = opt::Model::load(v1);
   REQUIRE(m1.stored_scheme());
-  CHECK(m1.stored_scheme()->group == 1);
+  CHECK(m1.stored_scheme()->weight_group == 1);
+  CHECK(m1.stored_scheme()->lm_head_group == 1);
   CHECK(m1.weights().layers[0].fc1.packed.group == 1);
   check_runs_from_mapping(m1);
   CHECK(same_bits(logits(m1, "opt-tiny-preln"), logits(m2, "opt-tiny-preln")));
@@ -263,12 +266,14 @@ TEST_CASE("stored packed folders that are wrong are opt::errors naming the file,
   check_throws<opt::format_error>(
       load(edited(good, "bad-version", [](TD&, MD& md) { md["opt.format_version"] = "3"; })),
       {"model.safetensors", "opt.format_version", "\"3\"", "expected \"1\" or \"2\""});
-  for (const std::string g : {"0", "65", "x", "", "-4", "0004000"})
-    check_throws<opt::format_error>(
-        load(edited(good, "bad-group", [&](TD&, MD& md) { md["opt.panel_group"] = g; })),
-        {"model.safetensors", "opt.panel_group", "\"" + g + "\"", "expected an integer from 1 to 64"});
-  check_throws<opt::format_error>(load(edited(good, "no-group", [](TD&, MD& md) { md.erase("opt.panel_group"); })),
-                                  {"lacks \"opt.panel_group\""});
+  for (const std::string k : {"opt.weight_group", "opt.lm_head_group"}) {
+    for (const std::string g : {"0", "65", "x", "", "-4", "0004000"})
+      check_throws<opt::format_error>(
+          load(edited(good, "bad-group", [&](TD&, MD& md) { md[k] = g; })),
+          {"model.safetensors", k, "\"" + g + "\"", "expected an integer from 1 to 64"});
+    check_throws<opt::format_error>(load(edited(good, "no-group", [&](TD&, MD& md) { md.erase(k); })),
+                                    {"lacks \"" + k + "\""});
+  }
   check_throws<opt::format_error>(load(edited(good, "bad-type", [](TD&, MD& md) { md["opt.weight_type"] = "I3"; })),
                                   {"opt.weight_type", "\"I3\"", "F32, F16, BF16, I8, I4"});
   check_throws<opt::format_error>(load(edited(good, "bad-block", [](TD&, MD& md) { md["opt.weight_block"] = "64"; })),

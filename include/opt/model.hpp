@@ -736,7 +736,7 @@ class Model {
     std::set<std::string> used;
     std::vector<std::string> missing;
     // A packed weight: its .panels (+ .scales) viewed in place, checked against config.json's shape.
-    auto bind_packed = [&](const std::string& full, dtype t, int64_t block, int64_t rows, int64_t cols) {
+    auto bind_packed = [&](const std::string& full, dtype t, int64_t block, int64_t group, int64_t rows, int64_t cols) {
       const TensorView* p = ck.find(packed_panels_name(full));
       const TensorView* sc = ops::has_scales(t) ? ck.find(packed_scales_name(full)) : nullptr;
       if (!p) missing.push_back(packed_panels_name(full));
@@ -744,7 +744,7 @@ class Model {
       if (!p || (ops::has_scales(t) && !sc)) return PackedMatrix{};
       used.insert(p->name);
       if (sc) used.insert(sc->name);
-      return packed_view(full, *p, sc, t, block, rows, cols, scheme_->group);
+      return packed_view(full, *p, sc, t, block, rows, cols, group);
     };
     for_each_tensor(config_, w_, [&](const TensorSlot& slot) {
       const std::string full = prefix_ + slot.name;
@@ -755,7 +755,8 @@ class Model {
         return;
       }
       if (scheme_ && slot.packed) {
-        *slot.packed = bind_packed(full, scheme_->weight, scheme_->weight_block, slot.shape[0], slot.shape[1]);
+        *slot.packed = bind_packed(full, scheme_->weight, scheme_->weight_block, scheme_->weight_group_or_default(),
+                                   slot.shape[0], slot.shape[1]);
         return;
       }
       const TensorView* t = ck.find(full);
@@ -801,7 +802,8 @@ class Model {
       for (const std::string& n : {packed_panels_name("lm_head.weight"), packed_scales_name("lm_head.weight")})
         used.insert(n);
     } else if (scheme_) {
-      w_.lm_head_packed = bind_packed("lm_head.weight", scheme_->lm_head, scheme_->lm_head_block, config_.vocab_size,
+      w_.lm_head_packed = bind_packed("lm_head.weight", scheme_->lm_head, scheme_->lm_head_block,
+                                      scheme_->lm_head_group_or_default(), config_.vocab_size,
                                       config_.word_embed_proj_dim);
       if (!w_.lm_head_packed)
         throw tensor_error(where + ": missing tensor" + (missing.size() > 1 ? "s " : " ") + missing.front() +

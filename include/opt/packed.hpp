@@ -6,8 +6,9 @@
 // Format, version 2 (a valid safetensors checkpoint: model.safetensors, or shards + model.safetensors.index.json):
 //   __metadata__ of every file:
 //     "format": "pt", "opt.format": "packed", "opt.format_version": "2", "opt.panel_rows": "16" (ops::kPanel),
-//     "opt.panel_group": "4"  panels interleaved column by column (PackedMatrix::group; this build writes
-//                             ops::kPanelGroup and reads any group from 1 to 64)
+//     "opt.weight_group", "opt.lm_head_group": panels interleaved column by column in the linear weights' and the
+//                             LM head's matrices (PackedMatrix::group; this build writes ops::panel_group(type):
+//                             4 for I8 / I4, 2 for the float types, and reads any group from 1 to 64)
 //     "opt.weight_type":  F32 | F16 | BF16 | I8 | I4   the linear weights' panels
 //     "opt.weight_block": columns per scale (I8: 128 = ops::kQ8Block); "0" for the float types
 //     "opt.lm_head_type", "opt.lm_head_block": the same for the tied LM head
@@ -20,7 +21,7 @@
 //   Alignment: each file's header block is padded to a multiple of 64 bytes and its tensors whose size is a
 //   multiple of 64 (every .panels and .scales) come first, so each of those starts 64-byte aligned in a mapping.
 //   The data has no holes, as safetensors requires.
-// Version 1 (written before the panels were grouped) is version 2 without "opt.panel_group": group 1, panel after
+// Version 1 (written before the panels were grouped) is version 2 without the two group keys: group 1, panel after
 // panel. It still loads and gives the same bits; its decode reads each panel as a separate stream (slower).
 #pragma once
 #include <algorithm>
@@ -46,7 +47,7 @@
 OPT_NAMESPACE_BEGIN
 
 constexpr const char* kPackedFormatVersion = "2";
-constexpr int64_t kPackedMaxGroup = 64;  // the largest opt.panel_group a reader accepts
+constexpr int64_t kPackedMaxGroup = 64;  // the largest opt.weight_group / opt.lm_head_group a reader accepts
 constexpr size_t kPackedAlign = 64;  // bytes: a cache line, one AVX-512 vector; what PackedWeights allocates
 
 inline std::string packed_panels_name(const std::string& weight) { return weight + ".panels"; }
@@ -79,14 +80,21 @@ struct PackedScheme {
   int64_t weight_block = ops::kQ8Block;
   dtype lm_head = dtype::F32;
   int64_t lm_head_block = 0;
-  int64_t group = ops::kPanelGroup;  // PackedMatrix::group of every packed matrix (1 in a version-1 folder)
+  // PackedMatrix::group of the weights' and the LM head's matrices; 0: ops::panel_group of the type (what this
+  // build writes); 1 in a version-1 folder
+  int64_t weight_group = 0, lm_head_group = 0;
+  int64_t weight_group_or_default() const noexcept { return weight_group ? weight_group : ops::panel_group(weight); }
+  int64_t lm_head_group_or_default() const noexcept {
+    return lm_head_group ? lm_head_group : ops::panel_group(lm_head);
+  }
 
   std::map<std::string, std::string> metadata() const {
     return {{"format", "pt"},
             {"opt.format", "packed"},
             {"opt.format_version", kPackedFormatVersion},
             {"opt.panel_rows", std::to_string(ops::kPanel)},
-            {"opt.panel_group", std::to_string(group)},
+            {"opt.weight_group", std::to_string(weight_group_or_default())},
+            {"opt.lm_head_group", std::to_string(lm_head_group_or_default())},
             {"opt.weight_type", to_string(weight)},
             {"opt.weight_block", std::to_string(weight_block)},
             {"opt.lm_head_type", to_string(lm_head)},
@@ -94,15 +102,19 @@ struct PackedScheme {
   }
   bool operator==(const PackedScheme& o) const noexcept {
     return weight == o.weight && weight_block == o.weight_block && lm_head == o.lm_head &&
-           lm_head_block == o.lm_head_block && group == o.group;
+           lm_head_block == o.lm_head_block && weight_group_or_default() == o.weight_group_or_default() &&
+           lm_head_group_or_default() == o.lm_head_group_or_default();
   }
   bool operator!=(const PackedScheme& o) const noexcept { return !(*this == o); }
   std::string describe() const {
     auto one = [](dtype t, int64_t b) {
       return std::string(to_string(t)) + (ops::has_scales(t) ? " (block " + std::to_string(b) + ")" : "");
     };
-    return "weights " + one(weight, weight_block) + ", LM head " + one(lm_head, lm_head_block) + ", panel group " +
-           std::to_string(group);
+    std::string d = "weights " + one(weight, weight_block) + ", LM head " + one(lm_head, lm_head_block);
+    const int64_t wg = weight_group_or_default(), hg = lm_head_group_or_default();
+    if (wg != ops::panel_group(weight) || hg != ops::panel_group(lm_head))  // only where not this build's own
+      d += " (in panel groups of " + std::to_string(wg) + " and " + std::to_string(hg) + ")";
+    return d;
   }
 
   // The scheme a file's metadata declares: nullopt when it has no "opt.format" (an ordinary checkpoint); throws
@@ -127,15 +139,17 @@ struct PackedScheme {
       throw format_error(file + ": __metadata__[\"opt.format_version\"] is \"" + version + "\", expected \"1\" or \"" +
                          kPackedFormatVersion + "\"");
     expect("opt.panel_rows", std::to_string(ops::kPanel));
-    int64_t group = 1;
-    if (version != "1") {
-      const std::string& g = key("opt.panel_group");
-      group = 0;
-      for (char ch : g) group = ch >= '0' && ch <= '9' && group <= kPackedMaxGroup ? group * 10 + (ch - '0') : -1;
-      if (g.empty() || g.size() > 3 || group < 1 || group > kPackedMaxGroup)
-        throw format_error(file + ": __metadata__[\"opt.panel_group\"] is \"" + g + "\", expected an integer from 1 to " +
+    // "opt.weight_group" / "opt.lm_head_group": 1 in version 1, which has neither
+    auto group = [&](const std::string& k) -> int64_t {
+      if (version == "1") return 1;
+      const std::string& g = key(k);
+      int64_t v = 0;
+      for (char ch : g) v = ch >= '0' && ch <= '9' && v <= kPackedMaxGroup ? v * 10 + (ch - '0') : -1;
+      if (g.empty() || g.size() > 3 || v < 1 || v > kPackedMaxGroup)
+        throw format_error(file + ": __metadata__[\"" + k + "\"] is \"" + g + "\", expected an integer from 1 to " +
                            std::to_string(kPackedMaxGroup));
-    }
+      return v;
+    };
     auto type = [&](const std::string& k) {
       const std::string& v = key(k);
       const std::optional<dtype> t = v == "I4" ? std::optional<dtype>(dtype::I4) : dtype_from_string(v);
@@ -156,7 +170,8 @@ struct PackedScheme {
     s.weight_block = block("opt.weight_type", "opt.weight_block", s.weight);
     s.lm_head = type("opt.lm_head_type");
     s.lm_head_block = block("opt.lm_head_type", "opt.lm_head_block", s.lm_head);
-    s.group = group;
+    s.weight_group = group("opt.weight_group");
+    s.lm_head_group = group("opt.lm_head_group");
     return s;
   }
 };
@@ -229,7 +244,7 @@ struct WriteJob {
 // The job writing W's panels (and scales) as packed type t with the given producer of the PackedWeights.
 inline WriteJob packed_job(const std::string& weight, dtype t, int64_t rows, int64_t cols,
                            std::function<PackedWeights()> make) {
-  const PackedMatrix m = packed_layout(t, packed_block(t, weight), rows, cols, ops::kPanelGroup);
+  const PackedMatrix m = packed_layout(t, packed_block(t, weight), rows, cols, ops::panel_group(t));
   WriteJob j;
   j.tensors.push_back({packed_panels_name(weight), dtype::U8, {int64_t(packed_padded_bytes(m.value_bytes()))}, {}});
   if (ops::has_scales(t))

@@ -244,7 +244,7 @@ function checkPacked(dir, weightType) {
     assert.equal(md["opt.format"], "packed", f);
     assert.equal(md["opt.format_version"], "2", f);
     assert.equal(md["opt.panel_rows"], "16", f);
-    assert.equal(md["opt.panel_group"], "4", f);
+    assert.equal(md["opt.weight_group"], /^I[48]$/.test(weightType) ? "4" : "2", f);
     assert.equal(md["opt.weight_type"], weightType, f);
     scheme ??= md;
     assert.deepEqual(md, scheme, `${f}: the same scheme in every shard`);

@@ -146,10 +146,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"), noinli
   };
   // a cache line ahead of the panel's columns k .. k + 3 (four lines when they are interleaved with a group's)
   const auto ahead = [&](int64_t k) {
-    const int8_t* c = pp + (k + kAheadCols) * cs;
-    __builtin_prefetch(c, 0, kPrefetchLocality);
+    const std::byte* c = reinterpret_cast<const std::byte*>(pp + (k + kAheadCols) * cs);
+    prefetch_l2(c);
     if (cs != 16)
-      for (int j = 1; j < 4; ++j) __builtin_prefetch(c + j * cs, 0, kPrefetchLocality);
+      for (int j = 1; j < 4; ++j) prefetch_l2(c + j * cs);
   };
   __m512 res = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {

@@ -199,6 +199,15 @@ constexpr int64_t col_bytes_c(dtype t) { return int64_t(ops::panel_column_bytes(
 // pages, before, an I8 decode had streamed 27-29 GB/s with 1 KiB against 22-26 with 2 KiB.)
 constexpr int64_t prefetch_distance(dtype t) { return std::min<int64_t>(2048, 128 * col_bytes_c(t)); }
 
+// A prefetch into L2 that the compiler keeps: GCC 12 deleted loops whose body was only __builtin_prefetch (the
+// tiles' prefetching of a group column and their warm-up went, and with them the prefetching of the 5-8 token and
+// prefill tiles: a 9-token pass of opt-125m took 1.4x as long). The empty asm that uses the address is a side
+// effect the optimizer must keep; it emits nothing.
+OPT_K_INLINE void prefetch_l2(const std::byte* a) {
+  __builtin_prefetch(a, 0, kPrefetchLocality);
+  __asm__ volatile("" : : "r"(a));
+}
+
 // Vector v (W weights of consecutive rows) of a panel column, widened to f32 (I8: the integer q).
 template <dtype T>
 OPT_K_INLINE V load_w(const std::byte* col, int v) {
@@ -254,29 +263,25 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   const int64_t B = kI8 ? w.block : K;
   const int64_t nb = kI8 && K > 0 ? (K + B - 1) / B : 1;  // blocks of columns (one for float weights)
   constexpr int64_t kColBytes = col_bytes_c(T);
-  // What is prefetched: the tile's panels as one stream when they are one whole group (the decode case: column k
-  // of all NP panels is NP * kColBytes consecutive bytes), else each panel's columns as a stream of its own;
-  // prefetch_distance(T) / kColBytes columns ahead, each cache line once (panels sharing a line may both ask).
-  bool one = NP > 1 && cs[0] == NP * kColBytes;
+  // What is prefetched: each group of panels (PackedMatrix::group) as one stream of whole group columns, asked for
+  // by the tile that holds the group's first panel (a decode tile reads whole groups; the 2-panel tiles of more
+  // tokens and the tails read a group's panels one tile after the other, the first asking for them all); group 1
+  // is a stream per panel. prefetch_distance(T) / kColBytes columns ahead, each cache line once.
+  const int64_t g = w.group;
+  bool starts[NP];
   OPT_K_UNROLL
-  for (int p = 1; p < NP; ++p) one = one && pp[p] == pp[0] + p * kColBytes;
+  for (int p = 0; p < NP; ++p) starts[p] = (p0 + p) % g == 0;
   constexpr int64_t kAheadCols = prefetch_distance(T) / kColBytes;
-  constexpr int64_t kOneBytes = NP * kColBytes;  // a whole group's column
   const auto prefetch_col = [&](int64_t k) {  // the cache lines that column k starts
-    if (one) {
-      if constexpr (kOneBytes >= 64) {
-        OPT_K_UNROLL
-        for (int64_t o = 0; o < kOneBytes; o += 64) __builtin_prefetch(pp[0] + k * kOneBytes + o, 0, kPrefetchLocality);
-      } else if (((k * kOneBytes) & 63) < kOneBytes) {
-        __builtin_prefetch(pp[0] + k * kOneBytes, 0, kPrefetchLocality);
-      }
-      return;
-    }
     OPT_K_UNROLL
-    for (int p = 0; p < NP; ++p)
-      if (cs[p] >= 64 || ((k * cs[p]) & 63) < cs[p])
-        OPT_K_UNROLL
-        for (int64_t o = 0; o < kColBytes; o += 64) __builtin_prefetch(pp[p] + k * cs[p] + o, 0, kPrefetchLocality);
+    for (int p = 0; p < NP; ++p) {
+      if (!starts[p]) continue;
+      const std::byte* a = pp[p] + k * cs[p];
+      if (cs[p] >= 64)
+        for (int64_t o = 0; o < cs[p]; o += 64) prefetch_l2(a + o);
+      else if (((k * cs[p]) & 63) < cs[p])
+        prefetch_l2(a);
+    }
   };
   for (int64_t c = 0; c < std::min(kAheadCols, K); ++c) prefetch_col(c);
   for (int64_t b = 0; b < nb; ++b) {

@@ -81,10 +81,19 @@ constexpr int64_t kQ4Block = 32;
 constexpr size_t panel_column_bytes(dtype t) noexcept {
   return t == dtype::I4 ? size_t(kPanel) / 2 : size_t(kPanel) * dtype_size(t);
 }
-// Panels a packed matrix interleaves column by column (PackedMatrix::group): a decode tile reads the kPanelGroup
-// panels of one group as one sequential stream. On Zen 5 (2 threads) a thread read 46-50 GB/s as one stream and
-// 34-40 GB/s as 4 streams 12 KiB apart, which is how a 4-panel decode tile read separate panels.
-constexpr int64_t kPanelGroup = 4;
+// Panels a packed matrix of type t interleaves column by column (PackedMatrix::group) when this build packs it,
+// so that a tile reading whole groups reads one sequential stream. A decode tile (1-4 tokens) reads 4 panels; a
+// tile of 5-8 tokens or of prefill reads 2 (kernels/*.hpp: np_for, kNP), and where that is half a group's
+// column of 16-bit or f32 weights it reads every other cache line, which was slow. Measured on Zen 5 (2 threads,
+// paired rounds in one process, against panel after panel):
+//   I8:   groups of 4: a decode token 0.82x, a 9-token pass (speculative verification) 1.04x;
+//         groups of 2: 0.89x and 0.96x
+//   BF16: groups of 4: opt-125m decode 0.91x, 9-token pass 1.14x; opt-1.3b 0.96x, 1.16x (17 tokens 1.13x);
+//         groups of 2: opt-125m 0.94x, 0.98x; opt-1.3b 0.98x, 1.07x (17 tokens 1.02x)
+//   F32:  groups of 4: opt-125m decode 0.92x; groups of 2: 0.96x
+// So integer weights (an I8 / I4 group column is at most one cache line, which every tile reads whole) go in
+// groups of 4, float weights in groups of 2.
+constexpr int64_t panel_group(dtype t) noexcept { return t == dtype::I8 || t == dtype::I4 ? 4 : 2; }
 // Types whose weights are integers with one f32 scale per (row, block of columns).
 constexpr bool has_scales(dtype t) noexcept { return t == dtype::I8 || t == dtype::I4; }
 
@@ -102,7 +111,7 @@ struct PackedMatrix {
   const void* data = nullptr;
   const float* scale = nullptr;  // I8 / I4 only
   int64_t rows = 0, cols = 0, block = 0;
-  int64_t group = 1;  // panels interleaved column by column (ops::kPanelGroup when packed by this build)
+  int64_t group = 1;  // panels interleaved column by column (ops::panel_group(type) when packed by this build)
 
   int64_t panels() const noexcept { return (rows + ops::kPanel - 1) / ops::kPanel; }
   int64_t blocks() const noexcept { return block ? (cols + block - 1) / block : 0; }
@@ -216,12 +225,12 @@ inline void columns_i4(const MatrixRef& src, int64_t r0, int64_t rows, std::byte
 }
 }  // namespace detail_pack
 
-// The layout src packs into (data and scale null; groups of kPanelGroup panels): value_bytes() and scale_count()
-// size its storage.
+// The layout src packs into (data and scale null; groups of panel_group(type) panels): value_bytes() and
+// scale_count() size its storage.
 inline PackedMatrix packed_shape(const MatrixRef& src) noexcept {
   PackedMatrix m;
   m.type = src.type, m.rows = src.rows, m.cols = src.cols, m.block = has_scales(src.type) ? src.block : 0;
-  m.group = kPanelGroup;
+  m.group = panel_group(src.type);
   return m;
 }
 
