@@ -243,7 +243,7 @@ OPT_K_INLINE void load_col(const std::byte* col, V* wv) {
 // accumulators to the stack).
 template <dtype T, int MR, int NP>
 __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0,
-                                    float* out, int64_t ldo, int64_t ps) {
+                                    float* out, int64_t ldo, int64_t ps, bool pf) {
   // all NP * VP weight vectors of a column live at once when the registers allow it; else one panel's at a time
   // (the MR broadcasts then repeat per panel)
   constexpr bool kAllW = MR * NP * VP + NP * VP + 1 <= Simd::kRegs;
@@ -263,14 +263,16 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   const int64_t B = kI8 ? w.block : K;
   const int64_t nb = kI8 && K > 0 ? (K + B - 1) / B : 1;  // blocks of columns (one for float weights)
   constexpr int64_t kColBytes = col_bytes_c(T);
-  // What is prefetched: each group of panels (PackedMatrix::group) as one stream of whole group columns, asked for
+  // What is prefetched, with pf (a first pass over these weights, from memory; a prefill block's later passes read
+  // it from L2, and prefetching there made a 512-token prefill 1.2x as long): each group of panels
+  // (PackedMatrix::group) as one stream of whole group columns, asked for
   // by the tile that holds the group's first panel (a decode tile reads whole groups; the 2-panel tiles of more
   // tokens and the tails read a group's panels one tile after the other, the first asking for them all); group 1
   // is a stream per panel. prefetch_distance(T) / kColBytes columns ahead, each cache line once.
   const int64_t g = w.group;
   bool starts[NP];
   OPT_K_UNROLL
-  for (int p = 0; p < NP; ++p) starts[p] = (p0 + p) % g == 0;
+  for (int p = 0; p < NP; ++p) starts[p] = pf && (p0 + p) % g == 0;
   constexpr int64_t kAheadCols = prefetch_distance(T) / kColBytes;
   const auto prefetch_col = [&](int64_t k) {  // the cache lines that column k starts
     OPT_K_UNROLL
@@ -293,10 +295,13 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         OPT_K_UNROLL
         for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::zero();
     const int64_t ke = std::min(K, kb + B);
+    // the loop over columns twice, with and without the prefetches: with both in one loop (a test of pf per
+    // column), the prefetch code's registers made the loop without them 1.1x as slow (a 512-token prefill)
+    const auto columns = [&](auto prefetching) __attribute__((always_inline)) {
     for (int64_t k = kb; k < ke; ++k) {
       // a stream is long and sequential: ask for it kAheadCols columns ahead (one or two streams per core are too
       // few for the hardware prefetcher at decode's rate)
-      prefetch_col(k + kAheadCols);
+      if constexpr (decltype(prefetching)::value) prefetch_col(k + kAheadCols);
       if constexpr (kAllW) {
         V wv[NP][VP];
         OPT_K_UNROLL
@@ -325,6 +330,9 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         }
       }
     }
+    };
+    if (pf) columns(std::true_type{});
+    else columns(std::false_type{});
     if constexpr (kI8) {
       OPT_K_UNROLL
       for (int p = 0; p < NP; ++p) {
@@ -353,28 +361,28 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
 // latency within the registers.
 template <dtype T, int M>
 inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out,
-                   int64_t ldo, int64_t ps) {
+                   int64_t ldo, int64_t ps, bool pf) {
   constexpr int NPm = Simd::np_for(M, int(col_bytes_c(T)));
   if constexpr (NPm > 1) {
-    if (np == NPm) return tile<T, M, NPm>(x, ldx, K, w, p0, out, ldo, ps);
+    if (np == NPm) return tile<T, M, NPm>(x, ldx, K, w, p0, out, ldo, ps, pf);
   }
   if constexpr (M == Simd::kMR && Simd::kNP > 1 && Simd::kNP != NPm) {
-    if (np == Simd::kNP) return tile<T, M, Simd::kNP>(x, ldx, K, w, p0, out, ldo, ps);
+    if (np == Simd::kNP) return tile<T, M, Simd::kNP>(x, ldx, K, w, p0, out, ldo, ps, pf);
   }
   // the last panels of a decode chunk that holds fewer than NPm (a matrix whose panels are not a multiple of it)
   if constexpr (M <= 2 && NPm >= 4) {
-    if (np == NPm / 2) return tile<T, M, NPm / 2>(x, ldx, K, w, p0, out, ldo, ps);
+    if (np == NPm / 2) return tile<T, M, NPm / 2>(x, ldx, K, w, p0, out, ldo, ps, pf);
   }
-  for (int q = 0; q < np; ++q) tile<T, M, 1>(x, ldx, K, w, p0 + q, out + q * ps, ldo, ps);
+  for (int q = 0; q < np; ++q) tile<T, M, 1>(x, ldx, K, w, p0 + q, out + q * ps, ldo, ps, pf);
 }
 
 template <dtype T>
 inline void tile_any(int m, int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0,
-                     float* out, int64_t ldo, int64_t ps) {
+                     float* out, int64_t ldo, int64_t ps, bool pf) {
   static_assert(Simd::kMR >= 1 && Simd::kMR <= 8, "tile heights 1..8");
 #define OPT_TILE_CASE(M)                                                                  \
   case M:                                                                                 \
-    if constexpr (Simd::kMR >= M) return tile_m<T, M>(np, x, ldx, K, w, p0, out, ldo, ps); \
+    if constexpr (Simd::kMR >= M) return tile_m<T, M>(np, x, ldx, K, w, p0, out, ldo, ps, pf); \
     break;
   switch (m) {
     OPT_TILE_CASE(1)
@@ -417,7 +425,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
     const int group = Simd::np_for(int(n), int(col_bytes_c(T)));
     for (int64_t p = p0; p < p1;) {
       const int np = p + group <= p1 ? group : group >= 4 && p + group / 2 <= p1 ? group / 2 : 1;
-      tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P);
+      tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P, true);
       for (int64_t i = 0; i < n; ++i) finish_panels(g, p, np, out + i * np * P, P, g.y + i * g.ldy);
       p += np;
     }
@@ -432,7 +440,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
       const int m = int(std::min<int64_t>(Simd::kMR, n - i));
       for (int64_t p = b0; p < b1;) {
         const int np = p + group <= b1 ? group : 1;
-        tile_any<T>(m, np, x + i * K, K, K, w, p, out, np * P, P);
+        tile_any<T>(m, np, x + i * K, K, K, w, p, out, np * P, P, i == 0);
         for (int mm = 0; mm < m; ++mm) finish_panels(g, p, np, out + mm * np * P, P, g.y + (i + mm) * g.ldy);
         p += np;
       }

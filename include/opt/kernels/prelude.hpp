@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "opt/detail/fp16.hpp"
 #include "opt/kernels/table.hpp"
