@@ -423,13 +423,15 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   alignas(64) float out[Simd::kMR * 8 * P];  // [token of the tile][panel][P]
   // Decode tiles prefetch their weights except f32's (a panel column a cache line: the hardware prefetcher keeps
   // up). On Zen 5 (2 threads, opt-125m, paired rounds) prefetching made a decode token 0.96x as long (int8, and
-  // a batch-4 step), 0.99x (bf16), and 1.05x (f32).
+  // a batch-4 step), 0.99x (bf16), and 1.05x (f32). But a tile that reads part of a group (AVX2's one-panel tiles
+  // of 3-8 tokens) reads every other line, and without the prefetch of the whole group by its first tile an f32
+  // batch-4 step took 1.7x as long.
   constexpr bool kDecodePrefetch = col_bytes_c(T) < 64;
   if (n <= Simd::kMR) {
     const int group = Simd::np_for(int(n), int(col_bytes_c(T)));
     for (int64_t p = p0; p < p1;) {
       const int np = p + group <= p1 ? group : group >= 4 && p + group / 2 <= p1 ? group / 2 : 1;
-      tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P, kDecodePrefetch);
+      tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P, kDecodePrefetch || np < w.group);
       for (int64_t i = 0; i < n; ++i) finish_panels(g, p, np, out + i * np * P, P, g.y + i * g.ldy);
       p += np;
     }
