@@ -8,6 +8,7 @@
 // Shared by the benchmarks; each prints floor_isa with its figures.
 #pragma once
 #include <opt/kernels/dispatch.hpp>
+#include <opt/kernels/prelude.hpp>
 
 #include <cstddef>
 #if defined(OPT_HAVE_X86_KERNELS)
@@ -32,21 +33,14 @@ inline const char* read_variant_name(int v) {
 }
 // [0, n) as kReadStreams parts of len floats (a multiple of 16) and a tail from kReadStreams * len.
 inline size_t stream_len(size_t n) { return n / kReadStreams / 16 * 16; }
-// (Each prefetch is followed by an empty asm that uses its address: GCC 12 deleted loops whose body was only
-// __builtin_prefetch, so variants 1 and 2 had read exactly as variant 0; the kernels keep theirs the same way,
-// kernels/generic.hpp prefetch_l2.)
+// (Through the kernels' prefetch_kept: with a plain __builtin_prefetch, GCC 12 deleted these loops and variants
+// 1 and 2 read exactly as variant 0.)
 inline void prefetch_ahead(const float* p, int variant, int bytes) {
   const char* c = reinterpret_cast<const char*>(p);
   if (variant == 1)
-    for (int b = 0; b < bytes; b += 64) {
-      __builtin_prefetch(c + 16384 + b, 0, 3);
-      __asm__ volatile("" : : "r"(c + 16384 + b));
-    }
+    for (int b = 0; b < bytes; b += 64) opt::kernels::prefetch_kept<3>(c + 16384 + b);
   else if (variant == 2)
-    for (int b = 0; b < bytes; b += 64) {
-      __builtin_prefetch(c + 1024 + b, 0, 2);
-      __asm__ volatile("" : : "r"(c + 1024 + b));
-    }
+    for (int b = 0; b < bytes; b += 64) opt::kernels::prefetch_kept<2>(c + 1024 + b);
 }
 
 #if defined(OPT_HAVE_X86_KERNELS)

@@ -199,14 +199,8 @@ constexpr int64_t col_bytes_c(dtype t) { return int64_t(ops::panel_column_bytes(
 // pages, before, an I8 decode had streamed 27-29 GB/s with 1 KiB against 22-26 with 2 KiB.)
 constexpr int64_t prefetch_distance(dtype t) { return std::min<int64_t>(2048, 128 * col_bytes_c(t)); }
 
-// A prefetch into L2 that the compiler keeps: GCC 12 deleted loops whose body was only __builtin_prefetch (the
-// tiles' prefetching of a group column and their warm-up went, and with them the prefetching of the 5-8 token and
-// prefill tiles: a 9-token pass of opt-125m took 1.4x as long). The empty asm that uses the address is a side
-// effect the optimizer must keep; it emits nothing.
-OPT_K_INLINE void prefetch_l2(const std::byte* a) {
-  __builtin_prefetch(a, 0, kPrefetchLocality);
-  __asm__ volatile("" : : "r"(a));
-}
+// A prefetch into L2 that the compiler keeps (prelude.hpp prefetch_kept).
+OPT_K_INLINE void prefetch_l2(const std::byte* a) { prefetch_kept<kPrefetchLocality>(a); }
 
 // Vector v (W weights of consecutive rows) of a panel column, widened to f32 (I8: the integer q).
 template <dtype T>
@@ -265,10 +259,10 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   constexpr int64_t kColBytes = col_bytes_c(T);
   // What is prefetched, with pf (a first pass over these weights, from memory; a prefill block's later passes read
   // it from L2, and prefetching there made a 512-token prefill 1.2x as long): each group of panels
-  // (PackedMatrix::group) as one stream of whole group columns, asked for
-  // by the tile that holds the group's first panel (a decode tile reads whole groups; the 2-panel tiles of more
-  // tokens and the tails read a group's panels one tile after the other, the first asking for them all); group 1
-  // is a stream per panel. prefetch_distance(T) / kColBytes columns ahead, each cache line once.
+  // (PackedMatrix::group) as one stream of whole group columns, asked for by the tile that holds the group's first
+  // panel (a decode tile reads whole groups; the 2-panel tiles of more tokens and the tails read a group's panels
+  // one tile after the other, the first asking for them all); group 1 is a stream per panel.
+  // prefetch_distance(T) / kColBytes columns ahead, each cache line once.
   const int64_t g = w.group;
   bool starts[NP];
   OPT_K_UNROLL

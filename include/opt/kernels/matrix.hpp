@@ -190,7 +190,7 @@ inline float packed_element(const PackedMatrix& m, int64_t r, int64_t c) {
       const int64_t half = kPanel / 2;
       const uint8_t b = reinterpret_cast<const uint8_t*>(p)[size_t(j % half)];
       return float(int(j < half ? b & 15 : b >> 4) - 8) *
-             m.panel_scales(r / kPanel)[size_t(c / m.block) * size_t(kPanel) + size_t(j)];
+             m.panel_scales(pi)[size_t(c / m.block) * size_t(kPanel) + size_t(j)];
     }
     default: return 0.0f;
   }
