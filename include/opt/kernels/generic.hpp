@@ -257,35 +257,19 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   const int64_t B = kI8 ? w.block : K;
   const int64_t nb = kI8 && K > 0 ? (K + B - 1) / B : 1;  // blocks of columns (one for float weights)
   constexpr int64_t kColBytes = col_bytes_c(T);
-  // What is prefetched, with pf (a first pass over these weights, from memory; a prefill block's later passes read
-  // it from L2, and prefetching there made a 512-token prefill 1.2x as long): each group of panels
-  // (PackedMatrix::group) as one stream of whole group columns, asked for by the tile that holds the group's first
-  // panel (a decode tile reads whole groups; the 2-panel tiles of more tokens and the tails read a group's panels
-  // one tile after the other, the first asking for them all); group 1 is a stream per panel.
-  // prefetch_distance(T) / kColBytes columns ahead, each cache line once.
-  const int64_t g = w.group;
-  bool starts[NP];
+  // The panels are read as streams of S adjacent panels (S = min(NP, this build's group of T)) when they lie so
+  // (a tile over whole groups, or over adjacent panels of one group, the same column stride for each stream): one
+  // pointer and stride a stream, the panels at constant offsets from it. Anything else (a file packed in other
+  // groups, a tile across a tail group) reads NP streams of one panel. Both read the same values in the same
+  // order. (With a pointer, a stride and a prefetch test per panel, an I8 decode tile ran ~60 instructions a
+  // column and spilled them to the stack: ~31 GB/s a thread against ~40 for f32.)
+  constexpr int kS = int(std::min<int64_t>(NP, ops::panel_group(T)));
+  bool adjacent = kS > 1 && p0 % kS == 0;
   OPT_K_UNROLL
-  for (int p = 0; p < NP; ++p) starts[p] = pf && (p0 + p) % g == 0;
+  for (int p = 0; p < NP; ++p)
+    adjacent = adjacent && w.panel(p0 + p) == pp[p / kS * kS] + (p % kS) * kColBytes && cs[p] == cs[p / kS * kS];
+  const int64_t g = w.group;
   constexpr int64_t kAheadCols = prefetch_distance(T) / kColBytes;
-  const auto prefetch_col = [&](int64_t k) {  // the cache lines that column k starts
-    OPT_K_UNROLL
-    for (int p = 0; p < NP; ++p) {
-      if (!starts[p]) continue;
-      // straight-line code for up to 4 lines a column (a loop here cost an AVX2 batch-4 step ~10%); a group
-      // column wider than 256 bytes (f32 in groups over 4, from a file) is prefetched in part
-      const std::byte* a = pp[p] + k * cs[p];
-      if (cs[p] >= 64) {
-        prefetch_l2(a);
-        if (cs[p] > 64) prefetch_l2(a + 64);
-        if (cs[p] > 128) prefetch_l2(a + 128);
-        if (cs[p] > 192) prefetch_l2(a + 192);
-      } else if (((k * cs[p]) & 63) < cs[p]) {
-        prefetch_l2(a);
-      }
-    }
-  };
-  for (int64_t c = 0; c < std::min(kAheadCols, K); ++c) prefetch_col(c);
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t kb = b * B;
     OPT_K_UNROLL
@@ -295,44 +279,97 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         OPT_K_UNROLL
         for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::zero();
     const int64_t ke = std::min(K, kb + B);
-    // the loop over columns twice, with and without the prefetches: with both in one loop (a test of pf per
-    // column), the prefetch code's registers made the loop without them 1.1x as slow (a 512-token prefill)
-    const auto columns = [&](auto prefetching) __attribute__((always_inline)) {
-    for (int64_t k = kb; k < ke; ++k) {
-      // a stream is long and sequential: ask for it kAheadCols columns ahead (one or two streams per core are too
-      // few for the hardware prefetcher at decode's rate)
-      if constexpr (decltype(prefetching)::value) prefetch_col(k + kAheadCols);
-      if constexpr (kAllW) {
-        V wv[NP][VP];
+    // the loop over columns with and without the prefetches (prefetching: a std::bool_constant), over streams of
+    // S panels (span: a std::integral_constant): with the prefetches tested per column in one loop, the prefetch
+    // code's registers made the loop without them 1.1x as slow (a 512-token prefill)
+    const auto columns = [&](auto prefetching, auto span) __attribute__((always_inline)) {
+      constexpr int S = decltype(span)::value, NS = NP / S;
+      const std::byte* sp[NS];  // stream i: panels p0 + i * S + j, column k at sp[i] + k * ss[i] + j * kColBytes
+      int64_t ss[NS];
+      // What is prefetched, with pf (a first pass over these weights, from memory; a prefill block's later passes
+      // read it from L2, and prefetching there made a 512-token prefill 1.2x as long): each group of panels
+      // (PackedMatrix::group) as one stream of whole group columns, asked for by the stream that holds the
+      // group's first panel (a decode tile reads whole groups; the 2-panel tiles of more tokens and the tails
+      // read a group's panels one tile after the other, the first asking for them all); group 1 is a stream per
+      // panel. prefetch_distance(T) / kColBytes columns ahead, each cache line once.
+      bool starts[NS];
+      OPT_K_UNROLL
+      for (int i = 0; i < NS; ++i) {
+        sp[i] = pp[i * S], ss[i] = cs[i * S];
+        starts[i] = decltype(prefetching)::value && (p0 + i * S) % g == 0;
+      }
+      const auto prefetch_col = [&](int64_t k) __attribute__((always_inline)) {  // the lines column k starts
         OPT_K_UNROLL
-        for (int p = 0; p < NP; ++p) load_col<T>(pp[p] + k * cs[p], wv[p]);
-        OPT_K_UNROLL
-        for (int m = 0; m < MR; ++m) {
-          V xb = Simd::set1(x[m * ldx + k]);
-          Simd::keep(xb);
-          OPT_K_UNROLL
-          for (int p = 0; p < NP; ++p)
-            OPT_K_UNROLL
-            for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::fma(xb, wv[p][v], acc[m][p][v]);
+        for (int i = 0; i < NS; ++i) {
+          if (!starts[i]) continue;
+          // straight-line code for up to 4 lines a column (a loop here cost an AVX2 batch-4 step ~10%); a group
+          // column wider than 256 bytes (f32 in groups over 4, from a file) is prefetched in part
+          const std::byte* a = sp[i] + k * ss[i];
+          if (ss[i] >= 64) {
+            prefetch_l2(a);
+            if (ss[i] > 64) prefetch_l2(a + 64);
+            if (ss[i] > 128) prefetch_l2(a + 128);
+            if (ss[i] > 192) prefetch_l2(a + 192);
+          } else if (((k * ss[i]) & 63) < ss[i]) {
+            prefetch_l2(a);
+          }
         }
-      } else {
-        OPT_K_UNROLL
-        for (int p = 0; p < NP; ++p) {
-          V wv[VP];
-          load_col<T>(pp[p] + k * cs[p], wv);
+      };
+      if constexpr (decltype(prefetching)::value)
+        if (b == 0)
+          for (int64_t c = 0; c < std::min(kAheadCols, K); ++c) prefetch_col(c);
+      for (int64_t k = kb; k < ke; ++k) {
+        // a stream is long and sequential: ask for it kAheadCols columns ahead (one or two streams per core are
+        // too few for the hardware prefetcher at decode's rate)
+        if constexpr (decltype(prefetching)::value) prefetch_col(k + kAheadCols);
+        const auto col = [&](int p) __attribute__((always_inline)) {
+          return sp[p / S] + k * ss[p / S] + (p % S) * kColBytes;
+        };
+        if constexpr (kAllW) {
+          V wv[NP][VP];
+          OPT_K_UNROLL
+          for (int p = 0; p < NP; ++p) load_col<T>(col(p), wv[p]);
           OPT_K_UNROLL
           for (int m = 0; m < MR; ++m) {
             V xb = Simd::set1(x[m * ldx + k]);
             Simd::keep(xb);
             OPT_K_UNROLL
-            for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::fma(xb, wv[v], acc[m][p][v]);
+            for (int p = 0; p < NP; ++p)
+              OPT_K_UNROLL
+              for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::fma(xb, wv[p][v], acc[m][p][v]);
+          }
+        } else {
+          OPT_K_UNROLL
+          for (int p = 0; p < NP; ++p) {
+            V wv[VP];
+            load_col<T>(col(p), wv);
+            OPT_K_UNROLL
+            for (int m = 0; m < MR; ++m) {
+              V xb = Simd::set1(x[m * ldx + k]);
+              Simd::keep(xb);
+              OPT_K_UNROLL
+              for (int v = 0; v < VP; ++v) acc[m][p][v] = Simd::fma(xb, wv[v], acc[m][p][v]);
+            }
           }
         }
       }
-    }
     };
-    if (pf) columns(std::true_type{});
-    else columns(std::false_type{});
+    using one = std::integral_constant<int, 1>;
+    using span = std::integral_constant<int, kS>;
+    if constexpr (kS > 1) {
+      if (adjacent) {
+        if (pf) columns(std::true_type{}, span{});
+        else columns(std::false_type{}, span{});
+      } else if (pf) {
+        columns(std::true_type{}, one{});
+      } else {
+        columns(std::false_type{}, one{});
+      }
+    } else if (pf) {
+      columns(std::true_type{}, one{});
+    } else {
+      columns(std::false_type{}, one{});
+    }
     if constexpr (kI8) {
       OPT_K_UNROLL
       for (int p = 0; p < NP; ++p) {
