@@ -115,7 +115,7 @@ TEST_CASE("every panel grouping gives the same bits; pack() interleaves groups o
               opt::ops::linear(pool, x.data(), n, w.ref, b.data(), want.data());
               opt::ops::linear(pool, x.data(), n, r, b.data(), got.data());
               CHECK(same_bits(want, got));
-              if (t == opt::dtype::I8 && n == 1) {  // the approximate int8 kernel gathers a grouped panel's columns
+              if (t == opt::dtype::I8 && n == 1) {  // approximate int8: whole groups as one stream, other panels alone
                 opt::ops::linear(pool, x.data(), n, w.ref, b.data(), want.data(), {}, true);
                 opt::ops::linear(pool, x.data(), n, r, b.data(), got.data(), {}, true);
                 CHECK(same_bits(want, got));

@@ -120,7 +120,8 @@ inline bool linear_i8_approx(const float* x, int64_t n, const ops::LinearSeg& g,
 // x is quantized per block of the weights' columns to u = round(x / s) + 128 (s = max|x| / 127), so output row r
 // of a block is s * scale(r, block) * (sum u q - 128 sum q), both sums by vpdpbusd over 4 columns a lane (integer
 // sums: exact in any order). A panel's 4-column group (64 bytes: 4 columns of 16 rows) becomes 16 (row, 4
-// columns) lanes by one vpermb (with interleaved panels, PackedMatrix::group, the 4 columns are gathered first).
+// columns) lanes by one vpermb (with interleaved panels, PackedMatrix::group, the 4 columns are gathered first;
+// a whole group of 4 panels goes through i8_approx_group instead).
 // Not the exact FMA chain: the result moves by the quantization of x.
 // out[j]: row j of panel p0 before the epilogue, for one token's u / sx. The panel is read in column order, its
 // 4-column groups going round robin to 4 pairs of accumulators.
@@ -183,6 +184,61 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"), noinli
   _mm512_storeu_ps(out, res);
 }
 
+// The same for a whole group of 4 interleaved panels (PackedMatrix::group 4, every panel present), read as one
+// stream: 4 group columns (256 bytes: column k + c of panel L at byte 64c + 16L) become by 8 in-lane unpacks 4
+// vectors R_i whose lane L holds rows 4i .. 4i + 3 of panel L, each a dword of the 4 columns' bytes. Here the
+// weights are the unsigned side of vpdpbusd (q + 128: q ^ 0x80) and the quantized x the signed one (u ^ 0x80), so
+// a row's sum is sum q x + 128 sum x, and sum x (xs, per block) is the same for every row: the same integer as
+// i8_approx_panel's, then the same float operations per row, so the same bits. out[16 L + r]: row r of panel
+// p0 + L.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), noinline)) inline void i8_approx_group(
+    const uint8_t* u, const float* sx, const int32_t* xs, const PackedMatrix& w, int64_t p0, float* out) {
+  const int64_t K = w.cols, B = w.block, nb = w.blocks();
+  const __m512i* pp = reinterpret_cast<const __m512i*>(w.panel(p0));  // group column k at pp[k]
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  constexpr int64_t kAheadCols = prefetch_distance(dtype::I8) / 16;
+  __m512 res[4];
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) res[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t kb = b * B, ke = std::min(K, kb + B);
+    __m512i acc[4];
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_si512();
+    for (int64_t k = kb; k < ke; k += 4) {
+      const std::byte* ahead = reinterpret_cast<const std::byte*>(pp + k + kAheadCols);
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; ++c) prefetch_l2(ahead + 64 * c);
+      const __m512i c0 = _mm512_xor_si512(_mm512_load_si512(pp + k), flip);
+      const __m512i c1 = _mm512_xor_si512(_mm512_load_si512(pp + k + 1), flip);
+      const __m512i c2 = _mm512_xor_si512(_mm512_load_si512(pp + k + 2), flip);
+      const __m512i c3 = _mm512_xor_si512(_mm512_load_si512(pp + k + 3), flip);
+      const __m512i a_lo = _mm512_unpacklo_epi8(c0, c1), a_hi = _mm512_unpackhi_epi8(c0, c1);  // rows 0-7, 8-15
+      const __m512i b_lo = _mm512_unpacklo_epi8(c2, c3), b_hi = _mm512_unpackhi_epi8(c2, c3);
+      int32_t x4;
+      std::memcpy(&x4, u + k, 4);
+      const __m512i xb = _mm512_set1_epi32(int32_t(uint32_t(x4) ^ 0x80808080u));
+      acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_unpacklo_epi16(a_lo, b_lo), xb);  // rows 0-3
+      acc[1] = _mm512_dpbusd_epi32(acc[1], _mm512_unpackhi_epi16(a_lo, b_lo), xb);  // rows 4-7
+      acc[2] = _mm512_dpbusd_epi32(acc[2], _mm512_unpacklo_epi16(a_hi, b_hi), xb);  // rows 8-11
+      acc[3] = _mm512_dpbusd_epi32(acc[3], _mm512_unpackhi_epi16(a_hi, b_hi), xb);  // rows 12-15
+    }
+    const __m512i corr = _mm512_set1_epi32(xs[b] * 128);
+    const __m512 sxb = _mm512_set1_ps(sx[b]);
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+      __m512 sc = _mm512_castps128_ps512(_mm_loadu_ps(w.panel_scales(p0) + b * ops::kPanel + 4 * i));
+      sc = _mm512_insertf32x4(sc, _mm_loadu_ps(w.panel_scales(p0 + 1) + b * ops::kPanel + 4 * i), 1);
+      sc = _mm512_insertf32x4(sc, _mm_loadu_ps(w.panel_scales(p0 + 2) + b * ops::kPanel + 4 * i), 2);
+      sc = _mm512_insertf32x4(sc, _mm_loadu_ps(w.panel_scales(p0 + 3) + b * ops::kPanel + 4 * i), 3);
+      const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i], corr));
+      res[i] = _mm512_fmadd_ps(d, _mm512_mul_ps(sxb, sc), res[i]);
+    }
+  }
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {
+    _mm_storeu_ps(out + 4 * i, _mm512_castps512_ps128(res[i]));
+    _mm_storeu_ps(out + 16 + 4 * i, _mm512_extractf32x4_ps(res[i], 1));
+    _mm_storeu_ps(out + 32 + 4 * i, _mm512_extractf32x4_ps(res[i], 2));
+    _mm_storeu_ps(out + 48 + 4 * i, _mm512_extractf32x4_ps(res[i], 3));
+  }
+}
+
 // Panels [p0, p1) of g for one token with VNNI; false (nothing done) where this CPU lacks VNNI or VBMI, for more
 // tokens, or where the columns or the block are not a multiple of 4.
 inline bool linear_i8_approx(const float* x, int64_t n, const ops::LinearSeg& g, int64_t p0, int64_t p1) {
@@ -194,8 +250,10 @@ inline bool linear_i8_approx(const float* x, int64_t n, const ops::LinearSeg& g,
   // per-token path ~5% of an opt-1.3b draft step; stored as q + 128, the unsigned bytes vpdpbusd takes
   thread_local std::vector<uint8_t> u;
   thread_local std::vector<float> sx;
+  thread_local std::vector<int32_t> xs;  // per block: the sum of the quantized x (u - 128)
   u.resize(size_t(K));
   sx.resize(size_t(nb));
+  xs.resize(size_t(nb));
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t kb = b * B, ke = std::min(K, kb + B);
     V m = Simd::zero();
@@ -211,11 +269,21 @@ inline bool linear_i8_approx(const float* x, int64_t n, const ops::LinearSeg& g,
       _mm_storeu_si128(reinterpret_cast<__m128i*>(u.data() + k),
                        _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(Simd::mul(Simd::load(x + k), iv)), off)));
     for (; k < ke; ++k) u[size_t(k)] = uint8_t(int(std::nearbyint(x[k] * inv)) + 128);
+    int32_t sum = 0;
+    for (k = kb; k < ke; ++k) sum += int32_t(u[size_t(k)]) - 128;
+    xs[size_t(b)] = sum;
   }
-  alignas(64) float out[ops::kPanel];
-  for (int64_t p = p0; p < p1; ++p) {
-    i8_approx_panel(u.data(), sx.data(), w, p, out);
-    finish_panels(g, p, 1, out, ops::kPanel, g.y);
+  alignas(64) float out[4 * ops::kPanel];
+  for (int64_t p = p0; p < p1;) {
+    if (w.group == 4 && p % 4 == 0 && p + 4 <= p1 && w.group_panels(p) == 4) {
+      i8_approx_group(u.data(), sx.data(), xs.data(), w, p, out);
+      finish_panels(g, p, 4, out, ops::kPanel, g.y);
+      p += 4;
+    } else {
+      i8_approx_panel(u.data(), sx.data(), w, p, out);
+      finish_panels(g, p, 1, out, ops::kPanel, g.y);
+      p += 1;
+    }
   }
   return true;
 }
