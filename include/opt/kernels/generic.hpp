@@ -243,7 +243,7 @@ struct ColumnRange {
   bool cont = false;
 };
 
-template <dtype T, int MR, int NP>
+template <dtype T, int MR, int NP, bool kRange>
 __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0,
                                     float* out, int64_t ldo, int64_t ps, bool pf, ColumnRange cr) {
   // all NP * VP weight vectors of a column live at once when the registers allow it; else one panel's at a time
@@ -255,14 +255,16 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   int64_t cs[NP];
   OPT_K_UNROLL
   for (int p = 0; p < NP; ++p) pp[p] = w.panel(p0 + p), cs[p] = int64_t(w.column_stride(p0 + p));
-  if (kI8 && !cr.cont)
+  // (kRange false: the whole of [0, K), cr unread, the code of a tile before column ranges)
+  const int64_t k0 = kRange ? cr.k0 : 0, k1 = kRange && cr.k1 >= 0 ? cr.k1 : K;
+  const bool cont = kRange && cr.cont;
+  if (kI8 && !cont)
     OPT_K_UNROLL
     for (int m = 0; m < MR; ++m)
       OPT_K_UNROLL
       for (int p = 0; p < NP; ++p)
         OPT_K_UNROLL
         for (int v = 0; v < VP; ++v) Simd::store(out + m * ldo + p * ps + v * W, Simd::zero());
-  const int64_t k0 = cr.k0, k1 = cr.k1 < 0 ? K : cr.k1;
   const int64_t B = kI8 ? w.block : std::max<int64_t>(1, k1 - k0);  // blocks of columns (one for float weights)
   constexpr int64_t kColBytes = col_bytes_c(T);
   // The panels are read as streams of S adjacent panels (S = min(NP, this build's group of T)) when they lie so
@@ -278,19 +280,17 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
     adjacent = adjacent && w.panel(p0 + p) == pp[p / kS * kS] + (p % kS) * kColBytes && cs[p] == cs[p / kS * kS];
   const int64_t g = w.group;
   constexpr int64_t kAheadCols = prefetch_distance(T) / kColBytes;
-  const auto start_sums = [&](bool from_out) __attribute__((always_inline)) {
+  const int64_t nb = kI8 ? (k1 - k0 + B - 1) / B : 1;  // blocks (k0 starts one; float weights: one pass)
+  const int64_t b0 = kI8 ? k0 / B : 0;
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    const int64_t b = b0 + bi, kb = k0 + bi * B;  // b: the block (integer weights)
     OPT_K_UNROLL
     for (int m = 0; m < MR; ++m)
       OPT_K_UNROLL
       for (int p = 0; p < NP; ++p)
         OPT_K_UNROLL
         for (int v = 0; v < VP; ++v)
-          acc[m][p][v] = from_out ? Simd::load(out + m * ldo + p * ps + v * W) : Simd::zero();
-  };
-  if (!kI8) start_sums(cr.cont);  // one chain over [k0, k1) (none when the range is empty)
-  for (int64_t kb = k0; kb < k1; kb += B) {
-    const int64_t b = kb / B;  // the block (integer weights)
-    if (kI8) start_sums(false);
+          acc[m][p][v] = !kI8 && cont ? Simd::load(out + m * ldo + p * ps + v * W) : Simd::zero();
     const int64_t ke = std::min(k1, kb + B);
     // the loop over columns with and without the prefetches (prefetching: a std::bool_constant), over streams of
     // S panels (span: a std::integral_constant): with the prefetches tested per column in one loop, the prefetch
@@ -329,7 +329,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         }
       };
       if constexpr (decltype(prefetching)::value)
-        if (kb == k0)
+        if (bi == 0)
           for (int64_t c = k0; c < std::min(k0 + kAheadCols, K); ++c) prefetch_col(c);
       for (int64_t k = kb; k < ke; ++k) {
         // a stream is long and sequential: ask for it kAheadCols columns ahead (one or two streams per core are
@@ -409,30 +409,30 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
 // A tile of m tokens over np panels: one call when that shape is compiled (Simd::np_for panels, or kNP for a
 // full-height tile), else panel by panel. The shapes hold enough independent accumulators to hide the FMA
 // latency within the registers.
-template <dtype T, int M>
+template <dtype T, int M, bool kRange>
 inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0, float* out,
                    int64_t ldo, int64_t ps, bool pf, ColumnRange cr) {
   constexpr int NPm = Simd::np_for(M, int(col_bytes_c(T)));
   if constexpr (NPm > 1) {
-    if (np == NPm) return tile<T, M, NPm>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
+    if (np == NPm) return tile<T, M, NPm, kRange>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
   }
   if constexpr (M == Simd::kMR && Simd::kNP > 1 && Simd::kNP != NPm) {
-    if (np == Simd::kNP) return tile<T, M, Simd::kNP>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
+    if (np == Simd::kNP) return tile<T, M, Simd::kNP, kRange>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
   }
   // the last panels of a decode chunk that holds fewer than NPm (a matrix whose panels are not a multiple of it)
   if constexpr (M <= 2 && NPm >= 4) {
-    if (np == NPm / 2) return tile<T, M, NPm / 2>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
+    if (np == NPm / 2) return tile<T, M, NPm / 2, kRange>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
   }
-  for (int q = 0; q < np; ++q) tile<T, M, 1>(x, ldx, K, w, p0 + q, out + q * ps, ldo, ps, pf, cr);
+  for (int q = 0; q < np; ++q) tile<T, M, 1, kRange>(x, ldx, K, w, p0 + q, out + q * ps, ldo, ps, pf, cr);
 }
 
-template <dtype T>
+template <dtype T, bool kRange = false>
 inline void tile_any(int m, int np, const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0,
                      float* out, int64_t ldo, int64_t ps, bool pf, ColumnRange cr = {}) {
   static_assert(Simd::kMR >= 1 && Simd::kMR <= 8, "tile heights 1..8");
 #define OPT_TILE_CASE(M)                                                                  \
   case M:                                                                                 \
-    if constexpr (Simd::kMR >= M) return tile_m<T, M>(np, x, ldx, K, w, p0, out, ldo, ps, pf, cr); \
+    if constexpr (Simd::kMR >= M) return tile_m<T, M, kRange>(np, x, ldx, K, w, p0, out, ldo, ps, pf, cr); \
     break;
   switch (m) {
     OPT_TILE_CASE(1)
@@ -500,7 +500,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
               const int mt = int(std::min<int64_t>(2, n - i));
               const int s = int(std::min<int64_t>(G, Simd::np_for(mt, int(col_bytes_c(T)))));
               for (int64_t q = 0; q < G; q += s)
-                tile_any<T>(mt, s, x + i * K, K, K, w, p + q, out + i * G * P + q * P, G * P, P, i == 0, cr);
+                tile_any<T, true>(mt, s, x + i * K, K, K, w, p + q, out + i * G * P + q * P, G * P, P, i == 0, cr);
             }
           }
           for (int64_t i = 0; i < n; ++i) finish_panels(g, p, int(G), out + i * G * P, P, g.y + i * g.ldy);
