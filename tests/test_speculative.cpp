@@ -171,6 +171,31 @@ TEST_CASE("speculative greedy == plain greedy, token for token and logit for log
   CHECK(cases > 400);
 }
 
+TEST_CASE("adaptive K: starts at min(K, 4), doubles after full passes, drops to 1 after empty ones, then pauses") {
+  opt::detail::DraftLength full(16, true);
+  std::vector<int64_t> ks;
+  for (int i = 0; i < 5; ++i) {
+    ks.push_back(full.next());
+    full.update(ks.back(), ks.back());
+  }
+  CHECK(ks == std::vector<int64_t>{4, 8, 16, 16, 16});
+  full.update(16, 3);  // partly accepted: K stays
+  CHECK(full.next() == 16);
+  // never right: 4, 1, 1, then 2 plain steps (K 0), 1, 1, 1, then 4 plain steps
+  opt::detail::DraftLength never(16, true);
+  ks.clear();
+  for (int i = 0; i < 14; ++i) {
+    ks.push_back(never.next());
+    never.update(ks.back(), 0);
+  }
+  CHECK(ks == std::vector<int64_t>{4, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1});
+  opt::detail::DraftLength small(2, true), fixed(16, false);
+  CHECK(small.next() == 2);
+  CHECK(fixed.next() == 16);
+  fixed.update(16, 0);
+  CHECK(fixed.next() == 16);
+}
+
 TEST_CASE("speculative decoding refuses bad options") {
   const opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
   opt::PromptLookupDrafter d;
