@@ -228,6 +228,15 @@ OPT_K_INLINE void load_col(const std::byte* col, V* wv) {
   }
 }
 
+// Columns [k0, k1) of a tile (k1 < 0: to K; read only by tile<..., kRange = true>). cont: the FMA chains go on
+// from the sums a call over the previous columns stored in out (integer weights: out holds the finished blocks so
+// far; k0 then starts a block), so a tile split into column chunks makes the same operations in the same order as
+// one call.
+struct ColumnRange {
+  int64_t k0 = 0, k1 = -1;
+  bool cont = false;
+};
+
 // Output rows j < NP * kPanel (panels p0 ..) of tokens m < MR: one sequential FMA chain over k per output;
 // out + m * ldo + p * ps receives token m's kPanel outputs of panel p0 + p. The NP * VP weight vectors of a
 // column are loaded once and feed MR FMAs each.
@@ -235,14 +244,6 @@ OPT_K_INLINE void load_col(const std::byte* col, V* wv) {
 // then joins the output as out = fma(sum, scale, out), out starting from +0.
 // Not inlined: a tile gets the whole register file to itself (inlined into the loops around it, GCC spilled
 // accumulators to the stack).
-// Columns [k0, k1) of a tile (k1 < 0: to K). cont: the FMA chains go on from the sums a call over the previous
-// columns stored in out (integer weights: out holds the finished blocks so far; k0 then starts a block), so a
-// tile split into column chunks makes the same operations in the same order as one call.
-struct ColumnRange {
-  int64_t k0 = 0, k1 = -1;
-  bool cont = false;
-};
-
 template <dtype T, int MR, int NP, bool kRange>
 __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, const PackedMatrix& w, int64_t p0,
                                     float* out, int64_t ldo, int64_t ps, bool pf, ColumnRange cr) {
