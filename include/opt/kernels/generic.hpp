@@ -368,22 +368,13 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         }
       }
     };
-    using one = std::integral_constant<int, 1>;
-    using span = std::integral_constant<int, kS>;
-    if constexpr (kS > 1) {
-      if (adjacent) {
-        if (pf) columns(std::true_type{}, span{});
-        else columns(std::false_type{}, span{});
-      } else if (pf) {
-        columns(std::true_type{}, one{});
-      } else {
-        columns(std::false_type{}, one{});
-      }
-    } else if (pf) {
-      columns(std::true_type{}, one{});
-    } else {
-      columns(std::false_type{}, one{});
-    }
+    // (kS 1: adjacent is false, and the two spans are one instantiation)
+    const auto columns_pf = [&](auto span) __attribute__((always_inline)) {
+      if (pf) columns(std::true_type{}, span);
+      else columns(std::false_type{}, span);
+    };
+    if (adjacent) columns_pf(std::integral_constant<int, kS>{});
+    else columns_pf(std::integral_constant<int, 1>{});
     if constexpr (kI8) {
       OPT_K_UNROLL
       for (int p = 0; p < NP; ++p) {
@@ -489,12 +480,11 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
     // step took 1.06x as long (f32 0.93x, bf16 0.91x).
     constexpr int kPieceNp = Simd::np_for(2, int(col_bytes_c(T)));
     if constexpr (kPieceNp >= 2 && !ops::has_scales(T)) {
-      if (group == 1 && n >= 3) {
-        const int64_t G = w.group;
+      const int64_t G = w.group;  // 2, 4 or 8 panels: whole tiles of np_for(2) or np_for(1) panels, out holds it
+      if (group == 1 && n >= 3 && (G == 2 || G == 4 || G == 8)) {
         const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)));
         int64_t p = p0;
-        for (; p + G <= p1 && p % G == 0 && w.group_panels(p) == G && G >= 2 && G <= 8 && (G & (G - 1)) == 0;
-             p += G) {
+        for (; p + G <= p1 && p % G == 0 && w.group_panels(p) == G; p += G) {
           for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const ColumnRange cr{k0, std::min(K, k0 + KC), k0 > 0};
             for (int64_t i = 0; i < n; i += 2) {
