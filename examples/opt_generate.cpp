@@ -64,6 +64,7 @@ struct Speculation {
 Speculation make_speculation(const Args& a, const opt::Model& model, size_t threads) {
   Speculation sp;
   sp.options.draft_tokens = a.spec.draft_tokens;
+  sp.options.verify_rows = a.spec.verify_rows;
   sp.drafter = make_drafter(a.spec, a.model, model, threads, sp.name);
   return sp;
 }

@@ -14,6 +14,7 @@ struct SpeculationFlags {
                                   // int4; int8-approx: LoadOptions::approximate_int8, the same output, faster drafts
                                   // where the CPU has AVX-512 VNNI)
   int64_t lookup = 0, draft_tokens = 4;
+  double verify_rows = 4.0;  // SpeculativeOptions::verify_rows
 };
 
 inline void add_speculation_options(CLI::App& app, SpeculationFlags& f) {
@@ -24,6 +25,10 @@ inline void add_speculation_options(CLI::App& app, SpeculationFlags& f) {
       ->check(CLI::Range(int64_t(1), int64_t(16)));
   app.add_option("--draft-tokens", f.draft_tokens, "speculative decoding: the most tokens drafted a pass (default 4)")
       ->check(CLI::Range(int64_t(1), int64_t(64)));
+  app.add_option("--verify-rows", f.verify_rows,
+                 "speculative decoding: rows one verification pass takes for about a plain step's cost, what "
+                 "adaptive K plans with (default 4)")
+      ->check(CLI::Range(1.0, 1024.0));
 }
 
 // The drafter the flags ask for (null: plain decoding) and its name. `model_dir` is the model's folder (for

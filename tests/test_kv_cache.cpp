@@ -155,3 +155,31 @@ TEST_CASE("F16 and BF16 caches: logits within the bound of the F32 cache's on ev
           << ", BF16 " << agree[2] << "/" << total);
   CHECK(agree[0] == total);
 }
+
+TEST_CASE("KvCache::reserve grows a cache and keeps what it holds: the same logits as a cache that had the room") {
+  for (opt::dtype t : kTypes) {
+    INFO(opt::to_string(t));
+    const opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-odd"));
+    opt::Workspace ws(2);
+    const std::vector<int32_t> row = {2, 11, 12, 13, 40, 41, 40, 41, 7, 8, 9, 10};
+    opt::KvCache big(m.config(), 0, t), small(m.config(), 5, t);
+    std::vector<float> want, got;
+    for (size_t j = 0; j < row.size(); ++j) {
+      opt::LogitsView a = m.forward({{&big, row.data() + j, 1}}, ws);
+      want.insert(want.end(), a.row(0), a.row(0) + a.cols);
+      if (small.size() == small.capacity()) small.reserve(m.config(), small.capacity() + 3);
+      opt::LogitsView b = m.forward({{&small, row.data() + j, 1}}, ws);
+      got.insert(got.end(), b.row(0), b.row(0) + b.cols);
+    }
+    CHECK(small.capacity() == 14);
+    CHECK(small.size() == int64_t(row.size()));
+    CHECK(got == want);
+    small.reserve(m.config(), 3);  // has the room: nothing changes
+    CHECK(small.capacity() == 14);
+    check_throws<opt::input_error>([&] { small.reserve(m.config(), m.config().max_position_embeddings + 1); },
+                                   "exceeds max_position_embeddings");
+    opt::Config other = m.config();
+    other.hidden_size *= 2;
+    check_throws<opt::input_error>([&] { small.reserve(other, 20); }, "not this cache's model's");
+  }
+}

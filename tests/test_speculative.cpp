@@ -6,7 +6,9 @@
 // Speculative sampling keeps the distribution: the acceptance rule on hand-made p and q, and the first tokens'
 // joint distribution over thousands of seeds against the exact one the model gives.
 #include <opt/speculative.hpp>
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -171,19 +173,44 @@ TEST_CASE("speculative greedy == plain greedy, token for token and logit for log
   CHECK(cases > 400);
 }
 
-TEST_CASE("adaptive K: starts at min(K, 4), doubles after full passes, drops to 1 after empty ones, then pauses") {
-  opt::detail::DraftLength full(16, true);
-  std::vector<int64_t> ks;
-  for (int i = 0; i < 5; ++i) {
-    ks.push_back(full.next());
-    full.update(ks.back(), ks.back());
-  }
-  CHECK(ks == std::vector<int64_t>{4, 8, 16, 16, 16});
-  full.update(16, 3);  // partly accepted: K stays
-  CHECK(full.next() == 16);
+TEST_CASE("adaptive K: starts at min(K, 4), then the length the cost model prefers; 1 after empty passes, then pauses") {
+  // 40 passes over a stream of proposals of which every m-th is wrong (m 0: none); the K of the last 12 passes
+  const auto run = [](int64_t kmax, double cost, double rows, int64_t m = 0) {
+    opt::detail::DraftLength dl(kmax, true, cost, rows);
+    std::vector<int64_t> ks;
+    for (int64_t i = 0, g = 0; i < 40; ++i) {
+      const int64_t k = dl.next();
+      int64_t kept = 0;
+      for (; kept < k && !(m > 0 && g % m == m - 1); ++kept) ++g;
+      if (kept < k) ++g;  // the rejected proposal
+      dl.update(k, kept);
+      if (i >= 28) ks.push_back(dl.next());
+    }
+    return ks;
+  };
+  const auto all = [](const std::vector<int64_t>& ks, int64_t lo, int64_t hi) {
+    return std::all_of(ks.begin(), ks.end(), [&](int64_t k) { return k >= lo && k <= hi; });
+  };
+  opt::detail::DraftLength first(16, true, 0.0, 4.0);
+  CHECK(first.next() == 4);
+  // always right, free drafts: K + 1 fills the rows one step verifies (8 rows for 2 steps is no better than 4 for 1)
+  CHECK(all(run(16, 0.0, 4.0), 3, 3));
+  CHECK(all(run(16, 0.0, 8.0), 7, 7));
+  CHECK(all(run(16, 0.0, 100.0), 16, 16));  // verification never dearer than a step: as many as allowed
+  CHECK(all(run(6, 0.0, 100.0), 6, 6));
+  CHECK(all(run(16, 0.0, 8.0, 20), 7, 7));  // 1 in 20 wrong: still the whole step
+  // drafts at half a step, 1 in 10 wrong: short passes (9-row passes, ~1.9 steps on Zen 5, were slower than plain
+  // decoding), 1 after a pass whose first proposal was wrong
+  CHECK(all(run(8, 0.5, 4.0, 10), 1, 3));
+  // drafts as dear as the target's steps, 1 in 2 wrong: K 1 (pauses come from empty passes in a row)
+  CHECK(all(run(8, 1.0, 4.0, 2), 1, 1));
+  // the estimate follows the passes: (kept + 1/2) / (trials + 1)
+  opt::detail::DraftLength est(8, true, 0.0, 4.0);
+  est.update(4, 2);  // 2 kept, 1 rejected: 3 trials
+  CHECK(est.acceptance() == doctest::Approx(2.5 / 4.0));
   // never right: 4, 1, 1, then 2 plain steps (K 0), 1, 1, 1, then 4 plain steps
   opt::detail::DraftLength never(16, true);
-  ks.clear();
+  std::vector<int64_t> ks;
   for (int i = 0; i < 14; ++i) {
     ks.push_back(never.next());
     never.update(ks.back(), 0);
@@ -194,6 +221,19 @@ TEST_CASE("adaptive K: starts at min(K, 4), doubles after full passes, drops to 
   CHECK(fixed.next() == 16);
   fixed.update(16, 0);
   CHECK(fixed.next() == 16);
+}
+
+TEST_CASE("a model drafter's token cost is its decode bytes over the target's") {
+  const opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-odd"));
+  opt::LoadOptions lo;
+  lo.quantize = opt::quantization::int8;
+  lo.quantize_lm_head = true;
+  const opt::Model q = opt::Model::load(opt_test::fixture_dir("opt-tiny-odd"), lo);
+  CHECK(opt::ModelDrafter(m).token_cost(m) == 1.0);
+  const double c = opt::ModelDrafter(q).token_cost(m);
+  CHECK(c == doctest::Approx(double(q.decode_weight_bytes()) / double(m.decode_weight_bytes())));
+  CHECK(c < 0.5);  // int8 of f32 weights, scales included
+  CHECK(opt::PromptLookupDrafter().token_cost(m) == 0.0);
 }
 
 TEST_CASE("speculative decoding refuses bad options") {
@@ -209,6 +249,14 @@ TEST_CASE("speculative decoding refuses bad options") {
   opt::SpeculativeOptions big;
   big.draft_tokens = 65;
   CHECK_THROWS_AS(opt::speculation(std::make_shared<opt::PromptLookupDrafter>(), big), opt::input_error);
+  opt::SpeculativeOptions rows;
+  rows.verify_rows = 0.5;
+  CHECK_THROWS_AS(opt::speculation(std::make_shared<opt::PromptLookupDrafter>(), rows), opt::input_error);
+  rows.verify_rows = std::nan("");
+  CHECK_THROWS_AS(opt::speculation(std::make_shared<opt::PromptLookupDrafter>(), rows), opt::input_error);
+  opt::SpeculativeOptions cost;
+  cost.draft_cost = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_AS(opt::speculation(std::make_shared<opt::PromptLookupDrafter>(), cost), opt::input_error);
   opt::SpeculativeOptions so;
   so.draft_tokens = -1;
   CHECK_THROWS_AS(opt::speculative_generate_ids(m, {{2, 5}}, go, d, so, ws), opt::input_error);

@@ -47,6 +47,7 @@ class Scheduler {
     if (drafter) {
       opt::SpeculativeOptions so;
       so.draft_tokens = o.spec.draft_tokens;
+      so.verify_rows = o.spec.verify_rows;
       spec_ = opt::speculation(std::move(drafter), so, &spec_stats_);
     }
     if (o.cache_bytes > 0) {

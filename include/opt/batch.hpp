@@ -59,8 +59,8 @@ class Speculation {
                            const std::function<bool(int32_t, const float*)>& take) = 0;
   };
   virtual ~Speculation() = default;
-  // A new sequence's state (Batch::add).
-  virtual std::unique_ptr<Sequence> start() const = 0;
+  // A new sequence's state (Batch::add), decoding with `target`.
+  virtual std::unique_ptr<Sequence> start(const Model& target) const = 0;
 };
 
 struct SequenceOptions {
@@ -137,7 +137,7 @@ class Batch {
     s.opts = opts;
     s.eos = opts.eos_token_id >= 0 ? opts.eos_token_id : c.eos_token_id;
     s.sampler = Sampler(opts.sampling, s.prompt_len);  // penalties count the ids after the prompt
-    if (opts.speculation) s.spec = opts.speculation->start();
+    if (opts.speculation) s.spec = opts.speculation->start(*model_);
     if (opts.max_new_tokens == 0) {
       s.finished = true;
       s.reason = FinishReason::length;

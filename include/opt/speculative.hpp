@@ -25,6 +25,7 @@
 // weights quantized, e.g. loaded with LoadOptions::quantize = int8).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -57,6 +58,12 @@ class Drafter {
   // A drafter for another sequence of a batch (the same proposals, its own state), or null when this one can serve
   // every sequence (it keeps no state between calls, or re-syncs itself as ModelDrafter does).
   virtual std::shared_ptr<Drafter> fork() const { return nullptr; }
+  // What one proposed token costs, in plain decode steps of `target` (what adaptive K weighs drafting with):
+  // 0 (the default) for a drafter that costs next to nothing, as prompt lookup.
+  virtual double token_cost(const Model& target) const {
+    (void)target;
+    return 0.0;
+  }
 };
 
 // Prompt lookup (transformers' prompt_lookup_num_tokens): for n from max_ngram down to 1, the latest earlier
@@ -96,15 +103,22 @@ class ModelDrafter : public Drafter {
   // Its own cache, the same model and Workspace (the sequences of a batch draft one after another).
   std::shared_ptr<Drafter> fork() const override { return std::shared_ptr<Drafter>(new ModelDrafter(m_, ws_)); }
 
+  // A draft step reads the draft's weights as a target step reads the target's: the ratio of those bytes.
+  double token_cost(const Model& target) const override {
+    const size_t t = target.decode_weight_bytes();
+    return t ? double(m_.decode_weight_bytes()) / double(t) : 1.0;
+  }
+
   std::vector<int32_t> propose(const std::vector<int32_t>& t, int64_t k) override {
     const Config& c = m_.config();
     const int64_t len = int64_t(t.size());
     k = std::min<int64_t>(k, c.max_position_embeddings - len);
     if (k <= 0 || len == 0) return {};
-    if (kv_.capacity() < len + k) {  // grown as sequences grow (a fresh cache: everything is fed again)
-      kv_ = KvCache(c, std::min<int64_t>(c.max_position_embeddings, std::max<int64_t>(64, 2 * (len + k))));
-      seen_.clear();
-    }
+    // grown as sequences grow, keeping what it holds (a fresh cache fed the whole sequence again: at opt-1.3b
+    // int8 a 60-token prefill, ~6 ms a token over 64 new tokens)
+    const int64_t room = std::min<int64_t>(c.max_position_embeddings, std::max<int64_t>(64, 2 * (len + k)));
+    if (kv_.capacity() == 0) kv_ = KvCache(c, room);
+    else if (kv_.capacity() < len + k) kv_.reserve(c, room);
     // the cache holds seen_[0, kv_.size()): keep the prefix that still matches t (at least one token must be fed)
     int64_t keep = 0;
     while (keep < kv_.size() && keep < len - 1 && seen_[size_t(keep)] == t[size_t(keep)]) ++keep;
@@ -134,12 +148,21 @@ class ModelDrafter : public Drafter {
 
 struct SpeculativeOptions {
   int64_t draft_tokens = 4;  // K: the most tokens proposed for one pass
-  // K adapts: it starts at min(K, 4), doubles (up to K) after a pass that accepted every proposal and drops to 1
-  // after one that accepted none; after 3 passes in a row without an accepted token, drafting pauses for a while
-  // (2, 4, ... up to 32 plain steps), so a drafter that never guesses right costs little more than plain
-  // decoding. (Starting at K and halving, a never-right drafter at K = 16 cost 11% on opt-1.3b bf16: its first
-  // passes verified 17, 9 and 5 tokens, and a pass of 17 tokens is bound by the FMAs.)
+  // K adapts: the first pass proposes min(K, 4); after each pass, K is the length in 1..K that gives the most
+  // tokens per unit of time by a cost model: the acceptance rate a (each proposal kept with probability a, as
+  // estimated from the latest passes) makes a pass of k proposals yield (1 - a^(k+1)) / (1 - a) tokens, and costs
+  // k draft tokens (Drafter::token_cost) plus a verification of k + 1 rows, max(1, (k + 1) / verify_rows) plain
+  // steps. After a pass that accepted nothing K is 1, and after 3 of them in a row drafting pauses for a while
+  // (2, 4, ... up to 32 plain steps), so a drafter that never guesses right costs little more than plain decoding.
+  // (Proposing K whatever the acceptance, an int8 self-draft of opt-1.3b bf16 at K = 8 that kept ~90% of its
+  // proposals was slower than plain decoding: 9-row passes cost ~1.9 steps on Zen 5.)
   bool adaptive = true;
+  // Rows one verification pass takes for about the cost of a plain step (the pass reads the weights once; past
+  // this many rows its arithmetic shows). Zen 5, AVX-512, opt-1.3b bf16, 2 threads: 4 rows took 1.03 steps, 5
+  // 1.19, 8 1.46, 12 2.2. Smaller on machines with less arithmetic per byte of bandwidth (AVX2) and for int8 targets.
+  double verify_rows = 4.0;
+  // A proposed token's cost in plain steps; < 0: the drafter's own estimate (Drafter::token_cost).
+  double draft_cost = -1.0;
   // speculative_generate_ids (tests and tools): each new token of each row with the logits that chose it.
   std::function<void(size_t row, int32_t id, const float* logits, int64_t n)> on_logits;
 };
@@ -159,7 +182,12 @@ namespace detail {
 struct DraftLength {
   int64_t max_k, k, misses = 0, pause = 0, backoff = 2;
   bool adaptive;
-  DraftLength(int64_t kmax, bool adapt) : max_k(kmax), k(std::min<int64_t>(kmax, 4)), adaptive(adapt) {}
+  double cost, rows;   // a draft token's cost and the rows a verification takes for one step's
+  double kept = 0, trials = 0;  // proposals kept, and kept + rejected ones, of the latest passes (decayed)
+  static constexpr double kDecay = 0.8;  // each pass weighs 0.8 of the one after it
+  DraftLength(int64_t kmax, bool adapt, double draft_cost = 0.0, double verify_rows = 4.0)
+      : max_k(kmax), k(std::min<int64_t>(kmax, 4)), adaptive(adapt), cost(std::max(0.0, draft_cost)),
+        rows(std::max(1.0, verify_rows)) {}
   int64_t next() {
     if (!adaptive) return max_k;
     if (pause > 0) {
@@ -168,11 +196,26 @@ struct DraftLength {
     }
     return k;
   }
+  // The estimated chance that a proposal is kept (kept + 1/2) / (trials + 1).
+  double acceptance() const { return (kept + 0.5) / (trials + 1.0); }
+  // Tokens a pass of n proposals yields when each is kept with probability a, per plain step it costs.
+  double rate(int64_t n, double a) const {
+    const double tokens = a >= 1.0 ? double(n + 1) : (1.0 - std::pow(a, double(n + 1))) / (1.0 - a);
+    return tokens / (cost * double(n) + std::max(1.0, double(n + 1) / rows));
+  }
+  int64_t best() const {
+    const double a = acceptance();
+    int64_t b = 1;
+    for (int64_t n = 2; n <= max_k; ++n)
+      if (rate(n, a) > rate(b, a)) b = n;
+    return b;
+  }
   void update(int64_t proposed, int64_t accepted) {
     if (!adaptive || proposed == 0) return;
-    if (accepted == proposed) k = std::min(max_k, 2 * k), misses = 0, backoff = 2;
-    else if (accepted == 0) k = 1, ++misses;
-    else misses = 0;
+    kept = kDecay * kept + double(accepted);
+    trials = kDecay * trials + double(accepted) + (accepted < proposed ? 1.0 : 0.0);
+    if (accepted == 0) k = 1, ++misses;
+    else k = best(), misses = 0, backoff = accepted == proposed ? 2 : backoff;
     if (misses >= 3) pause = backoff, backoff = std::min<int64_t>(32, backoff * 2), misses = 0;
   }
 };
@@ -238,8 +281,9 @@ namespace detail {
 // caller, Batch::step and through it speculative_generate_ids, runs this loop).
 class SpeculativeSequence final : public Speculation::Sequence {
  public:
-  SpeculativeSequence(std::shared_ptr<Drafter> d, const SpeculativeOptions& so, SpeculativeStats* stats)
-      : d_(std::move(d)), dl_(so.draft_tokens, so.adaptive), stats_(stats) {}
+  SpeculativeSequence(std::shared_ptr<Drafter> d, const SpeculativeOptions& so, double draft_cost,
+                      SpeculativeStats* stats)
+      : d_(std::move(d)), dl_(so.draft_tokens, so.adaptive, draft_cost, so.verify_rows), stats_(stats) {}
 
   void draft(const std::vector<int32_t>& tokens, int64_t room, int64_t vocab, std::vector<int32_t>& out) override {
     drafted_ = true;
@@ -301,9 +345,10 @@ class SpeculativeDecoding final : public Speculation {
  public:
   SpeculativeDecoding(std::shared_ptr<Drafter> d, const SpeculativeOptions& so, SpeculativeStats* stats)
       : d_(std::move(d)), so_(so), stats_(stats) {}
-  std::unique_ptr<Sequence> start() const override {
+  std::unique_ptr<Sequence> start(const Model& target) const override {
     std::shared_ptr<Drafter> d = d_->fork();
-    return std::make_unique<SpeculativeSequence>(d ? d : d_, so_, stats_);
+    const double cost = so_.draft_cost >= 0 ? so_.draft_cost : d_->token_cost(target);
+    return std::make_unique<SpeculativeSequence>(d ? d : d_, so_, cost, stats_);
   }
 
  private:
@@ -325,6 +370,11 @@ inline std::shared_ptr<const Speculation> speculation(std::shared_ptr<Drafter> d
   if (so.draft_tokens < 0 || so.draft_tokens > 64)
     throw input_error("speculative decoding: draft_tokens = " + std::to_string(so.draft_tokens) +
                       ", expected 0..64");
+  if (!(so.verify_rows >= 1.0) || !std::isfinite(so.verify_rows))
+    throw input_error("speculative decoding: verify_rows = " + std::to_string(so.verify_rows) + ", expected >= 1");
+  if (std::isnan(so.draft_cost) || std::isinf(so.draft_cost))
+    throw input_error("speculative decoding: draft_cost = " + std::to_string(so.draft_cost) +
+                      ", expected a finite number (< 0: the drafter's estimate)");
   return std::make_shared<detail::SpeculativeDecoding>(std::move(drafter), so, stats);
 }
 
