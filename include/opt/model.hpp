@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <deque>
@@ -260,8 +261,13 @@ class KvCache {
     for (int64_t j = 0; j < n; ++j)
       for (int64_t h = 0; h < heads_; ++h) {
         const size_t src = size_t(j * hidden_ + h * head_dim_), dst = size_t(h * hs + (size_ + j) * head_dim_);
-        std::transform(k_rows + src, k_rows + src + head_dim_, kl + dst, round);
-        std::transform(v_rows + src, v_rows + src + head_dim_, vl + dst, round);
+        if constexpr (std::is_same_v<E, float>) {  // (a copy: the transform ran one scalar store at a time)
+          std::memcpy(kl + dst, k_rows + src, size_t(head_dim_) * sizeof(float));
+          std::memcpy(vl + dst, v_rows + src, size_t(head_dim_) * sizeof(float));
+        } else {
+          std::transform(k_rows + src, k_rows + src + head_dim_, kl + dst, round);
+          std::transform(v_rows + src, v_rows + src + head_dim_, vl + dst, round);
+        }
       }
   }
 
