@@ -208,7 +208,7 @@ struct DraftLength {
     int64_t b = 1;
     for (int64_t n = 2; n <= max_k; ++n)
       if (rate(n, a) > rate(b, a)) b = n;
-    return b;
+    return std::min(b, max_k);
   }
   void update(int64_t proposed, int64_t accepted) {
     if (!adaptive || proposed == 0) return;
