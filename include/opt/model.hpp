@@ -194,24 +194,20 @@ class KvCache {
   // config).
   void reserve(const Config& c, int64_t capacity) {
     if (capacity <= capacity_) return;
-    if (capacity > c.max_position_embeddings)
-      throw input_error("KvCache::reserve: capacity " + std::to_string(capacity) + " exceeds max_position_embeddings " +
-                        std::to_string(c.max_position_embeddings));
-    if (layers_ == 0 || c.hidden_size != hidden_ || c.num_attention_heads != heads_)
+    if (layers_ == 0 || c.hidden_size != hidden_ || c.num_attention_heads != heads_ ||
+        c.num_hidden_layers != model_layers_)
       throw input_error("KvCache::reserve: the config is not this cache's model's");
-    const size_t n = size_t(layers_) * size_t(capacity) * size_t(hidden_) * esize_;
-    decltype(k_) k(n, std::byte{0}), v(n, std::byte{0});
+    KvCache grown(c, capacity, type_, {first_, first_ + layers_});  // (the constructor checks the capacity)
     const size_t row = size_t(head_dim_) * esize_, used = size_t(size_) * row;
     for (int64_t l = 0; l < layers_; ++l)
       for (int64_t h = 0; h < heads_; ++h) {
-        const size_t from = (size_t(l) * size_t(heads_) + size_t(h)) * size_t(capacity_) * row;
-        const size_t to = (size_t(l) * size_t(heads_) + size_t(h)) * size_t(capacity) * row;
-        std::copy_n(k_.data() + from, used, k.data() + to);
-        std::copy_n(v_.data() + from, used, v.data() + to);
+        const size_t block = size_t(l) * size_t(heads_) + size_t(h);  // (layer, head): capacity rows of row bytes
+        const size_t from = block * size_t(capacity_) * row, to = block * size_t(capacity) * row;
+        std::copy_n(k_.data() + from, used, grown.k_.data() + to);
+        std::copy_n(v_.data() + from, used, grown.v_.data() + to);
       }
-    k_ = std::move(k);
-    v_ = std::move(v);
-    capacity_ = capacity;
+    grown.size_ = size_;
+    *this = std::move(grown);
   }
   size_t bytes() const noexcept { return k_.size() + v_.size(); }
   // Bytes one position takes: keys and values of every layer, 2 x layers x hidden x the element's size.
