@@ -14,7 +14,7 @@ struct SpeculationFlags {
                                   // int4; int8-approx: LoadOptions::approximate_int8, the same output, faster drafts
                                   // where the CPU has AVX-512 VNNI)
   int64_t lookup = 0, draft_tokens = 4;
-  double verify_rows = 4.0;  // SpeculativeOptions::verify_rows
+  double verify_rows = 0.0;  // SpeculativeOptions::verify_rows (0: by the kernels and the weights)
 };
 
 inline void add_speculation_options(CLI::App& app, SpeculationFlags& f) {
@@ -27,8 +27,17 @@ inline void add_speculation_options(CLI::App& app, SpeculationFlags& f) {
       ->check(CLI::Range(int64_t(1), int64_t(64)));
   app.add_option("--verify-rows", f.verify_rows,
                  "speculative decoding: rows one verification pass takes for about a plain step's cost, what "
-                 "adaptive K plans with (default 4)")
-      ->check(CLI::Range(1.0, 1024.0));
+                 "adaptive K plans with (default 0: by the CPU's kernels and the weight type)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            double r = -1;
+            try {
+              r = std::stod(v);
+            } catch (const std::exception&) {
+            }
+            return r == 0.0 || (r >= 1.0 && r <= 1024.0) ? "" : "Value " + v + " not 0 or in range [1 - 1024]";
+          },
+          "0 or [1 - 1024]"));
 }
 
 // The drafter the flags ask for (null: plain decoding) and its name. `model_dir` is the model's folder (for

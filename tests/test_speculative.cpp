@@ -202,8 +202,34 @@ TEST_CASE("adaptive K: starts at min(K, 4), then the length the cost model prefe
   // drafts at half a step, 1 in 10 wrong: short passes (9-row passes, ~1.9 steps on Zen 5, were slower than plain
   // decoding), 1 after a pass whose first proposal was wrong
   CHECK(all(run(8, 0.5, 4.0, 10), 1, 3));
-  // drafts as dear as the target's steps, 1 in 2 wrong: K 1 (pauses come from empty passes in a row)
-  CHECK(all(run(8, 1.0, 4.0, 2), 1, 1));
+  // drafts as dear as the target's steps, 1 in 2 wrong: K 1 makes 0.75 tokens a step, worse than plain decoding,
+  // so drafting pauses between passes of K 1
+  {
+    const std::vector<int64_t> ks = run(8, 1.0, 4.0, 2);
+    CHECK(all(ks, 0, 1));
+    CHECK(std::count(ks.begin(), ks.end(), 0) >= 8);
+  }
+  // drafts at 0.3 of a step, 1 in 2 wrong: K 1 pays (1.5 tokens for 1.3 steps), no pauses
+  CHECK(all(run(8, 0.3, 4.0, 2), 1, 2));
+  // measured times replace the drafter's estimate: drafts estimated free but timed at a whole step (2-row passes
+  // at one step each), half of them wrong, pause as above
+  {
+    opt::detail::DraftLength dl(8, true, 0.0, 4.0);
+    int64_t zeros = 0;
+    for (int i = 0; i < 40; ++i) {
+      const int64_t k = dl.next();
+      zeros += k == 0;
+      dl.observe(k > 0 ? 10.0 * double(k) : -1.0, k, 10.0, k + 1);
+      dl.update(k, k > 0 ? (i % 2 ? k : 0) : 0);
+    }
+    CHECK(dl.cost == doctest::Approx(1.0));
+    CHECK(zeros >= 10);
+    opt::detail::DraftLength cheap(8, true, 1.0, 4.0);  // estimated dear, timed at a tenth of a step
+    cheap.observe(1.0, 1, 10.0, 2);
+    CHECK(cheap.cost == doctest::Approx(0.1));
+    cheap.observe(-1.0, 1, 30.0, 8);  // an unmeasured draft: only the step (8 rows: 2 steps of 15 ms) counts
+    CHECK(cheap.cost == doctest::Approx(1.0 / ((0.8 * 10.0 + 15.0) / 1.8)));
+  }
   // the estimate follows the passes: (kept + 1/2) / (trials + 1)
   opt::detail::DraftLength est(8, true, 0.0, 4.0);
   est.update(4, 2);  // 2 kept, 1 rejected: 3 trials
@@ -236,6 +262,31 @@ TEST_CASE("a model drafter's token cost is its decode bytes over the target's") 
   CHECK(opt::PromptLookupDrafter().token_cost(m) == 0.0);
 }
 
+TEST_CASE("verify_rows 0 (the default) plans with verify_rows_for: by the kernels in use and the weight type") {
+  CHECK(opt::SpeculativeOptions().verify_rows == 0.0);
+  const opt::Model f = opt::Model::load(opt_test::fixture_dir("opt-tiny-odd"));
+  opt::LoadOptions lo;
+  lo.quantize = opt::quantization::int8;
+  const opt::Model q = opt::Model::load(opt_test::fixture_dir("opt-tiny-odd"), lo);
+  const double rf = opt::verify_rows_for(f), rq = opt::verify_rows_for(q);
+  CHECK(rf >= 1.0);
+  CHECK(rq >= 1.0);
+  CHECK(rq <= rf);  // an int8 row costs more arithmetic per byte read than an f32 one
+  if (opt::kernels::active_isa() == opt::kernels::isa::scalar) {
+    CHECK(rf == 1.0);
+    CHECK(rq == 1.0);
+  }
+  // accepted, and the same output as an explicit value (K only changes the speed)
+  opt::Workspace ws(1);
+  opt::GenerateOptions go;
+  go.max_new_tokens = 12;
+  opt::PromptLookupDrafter d;
+  opt::SpeculativeOptions a, b;
+  b.verify_rows = 7;
+  CHECK(opt::speculative_generate_ids(f, {{2, 5, 9, 2, 5}}, go, d, a, ws).sequences ==
+        opt::speculative_generate_ids(f, {{2, 5, 9, 2, 5}}, go, d, b, ws).sequences);
+}
+
 TEST_CASE("speculative decoding refuses bad options") {
   const opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-preln"));
   opt::PromptLookupDrafter d;
@@ -251,6 +302,8 @@ TEST_CASE("speculative decoding refuses bad options") {
   CHECK_THROWS_AS(opt::speculation(std::make_shared<opt::PromptLookupDrafter>(), big), opt::input_error);
   opt::SpeculativeOptions rows;
   rows.verify_rows = 0.5;
+  CHECK_THROWS_AS(opt::speculation(std::make_shared<opt::PromptLookupDrafter>(), rows), opt::input_error);
+  rows.verify_rows = -1;
   CHECK_THROWS_AS(opt::speculation(std::make_shared<opt::PromptLookupDrafter>(), rows), opt::input_error);
   rows.verify_rows = std::nan("");
   CHECK_THROWS_AS(opt::speculation(std::make_shared<opt::PromptLookupDrafter>(), rows), opt::input_error);

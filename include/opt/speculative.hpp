@@ -25,6 +25,7 @@
 // weights quantized, e.g. loaded with LoadOptions::quantize = int8).
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -151,21 +152,47 @@ struct SpeculativeOptions {
   // K adapts: the first pass proposes min(K, 4); after each pass, K is the length in 1..K that gives the most
   // tokens per unit of time by a cost model: the acceptance rate a (each proposal kept with probability a, as
   // estimated from the latest passes) makes a pass of k proposals yield (1 - a^(k+1)) / (1 - a) tokens, and costs
-  // k draft tokens (Drafter::token_cost) plus a verification of k + 1 rows, max(1, (k + 1) / verify_rows) plain
-  // steps. After a pass that accepted nothing K is 1, and after 3 of them in a row drafting pauses for a while
-  // (2, 4, ... up to 32 plain steps), so a drafter that never guesses right costs little more than plain decoding.
+  // k draft tokens (Drafter::token_cost; for a greedy sequence, once timed, the drafter's measured time per token
+  // over the measured plain step) plus a verification of k + 1 rows, max(1, (k + 1) / verify_rows) plain steps.
+  // After a pass that accepted nothing K is 1, and after 3 of them in a row drafting pauses for a while (2, 4, ...
+  // up to 32 plain steps), so a drafter that never guesses right costs little more than plain decoding; drafting
+  // pauses the same way when the best K makes fewer tokens per step than plain decoding (a drafter that guesses
+  // half right at the cost of a step).
   // (Proposing K whatever the acceptance, an int8 self-draft of opt-1.3b bf16 at K = 8 that kept ~90% of its
   // proposals was slower than plain decoding: 9-row passes cost ~1.9 steps on Zen 5.)
   bool adaptive = true;
   // Rows one verification pass takes for about the cost of a plain step (the pass reads the weights once; past
-  // this many rows its arithmetic shows). Zen 5, AVX-512, opt-1.3b bf16, 2 threads: 4 rows took 1.03 steps, 5
-  // 1.19, 8 1.46, 12 2.2. Smaller on machines with less arithmetic per byte of bandwidth (AVX2) and for int8 targets.
-  double verify_rows = 4.0;
+  // this many rows its arithmetic shows). 0 (the default): verify_rows_for(target), by the kernels in use and the
+  // target's weight type; else >= 1.
+  double verify_rows = 0.0;
   // A proposed token's cost in plain steps; < 0: the drafter's own estimate (Drafter::token_cost).
   double draft_cost = -1.0;
   // speculative_generate_ids (tests and tools): each new token of each row with the logits that chose it.
   std::function<void(size_t row, int32_t id, const float* logits, int64_t n)> on_logits;
 };
+
+// The rows a verification pass of `target` takes for about the cost of one plain step on the kernels in use
+// (SpeculativeOptions::verify_rows = 0): by the instruction set (kernels::active_isa()) and the element type of
+// the target's layer weights. A pass of n rows reads the weights once and makes n times the arithmetic, so the
+// point where the arithmetic shows comes sooner with narrower FMAs and with weights that take work to widen.
+// From one forward pass of n rows over a 40-token cache against one of 1 row (opt-1.3b, 2 threads, Zen 5; AVX2
+// through OPT_ISA=avx2; the batch-4 step of bench_generate for f32): AVX-512 bf16 4 rows 1.03-1.14 steps, int8
+// 3 rows 0.8-1.0 and 4 rows 1.2, int4 2 rows 1.1 and 3 rows 1.3; AVX2 bf16 2 rows 1.05-1.09 and 3 rows 1.3-1.9,
+// int8 2 rows 1.4, int4 2 rows 1.9. Memory that runs slower makes every row cheaper (these were taken at 20-55
+// GB/s). NEON was not measured (no ARM machine here): AVX2's figures, halved for integer weights.
+inline double verify_rows_for(const Model& target) {
+  const ModelWeights& w = target.weights();
+  const dtype t = w.layers.empty() ? w.lm_head().type : w.layers.front().fc1.packed.type;
+  const int kind = t == dtype::I4 ? 3 : t == dtype::I8 ? 2 : t == dtype::F32 ? 0 : 1;  // f32, 16-bit, int8, int4
+  static constexpr double kAvx512[4] = {3.0, 4.0, 3.0, 2.0}, kAvx2[4] = {3.0, 2.0, 1.5, 1.0},
+                          kNeon[4] = {2.0, 2.0, 1.0, 1.0};
+  switch (kernels::active_isa()) {
+    case kernels::isa::avx512: return kAvx512[kind];
+    case kernels::isa::avx2: return kAvx2[kind];
+    case kernels::isa::neon: return kNeon[kind];
+    default: return 1.0;  // scalar: every row is all arithmetic
+  }
+}
 
 struct SpeculativeStats {
   int64_t passes = 0;      // model forward passes after the prompt passes
@@ -184,6 +211,8 @@ struct DraftLength {
   bool adaptive;
   double cost, rows;   // a draft token's cost and the rows a verification takes for one step's
   double kept = 0, trials = 0;  // proposals kept, and kept + rejected ones, of the latest passes (decayed)
+  // measured times (observe()), decayed sums and their weights: a draft token's ms, a plain step's ms
+  double draft_ms = 0, draft_w = 0, step_ms = 0, step_w = 0;
   static constexpr double kDecay = 0.8;  // each pass weighs 0.8 of the one after it
   DraftLength(int64_t kmax, bool adapt, double draft_cost = 0.0, double verify_rows = 4.0)
       : max_k(kmax), k(std::min<int64_t>(kmax, 4)), adaptive(adapt), cost(std::max(0.0, draft_cost)),
@@ -210,13 +239,35 @@ struct DraftLength {
       if (rate(n, a) > rate(b, a)) b = n;
     return std::min(b, max_k);
   }
+  // What a pass took: the drafter's time for `drafted` proposals (draft_ms_total < 0: not measured, as for a pass
+  // whose drafter first caught up with a prompt or a pause), and the model pass of `pass_rows` rows of this
+  // sequence (in a Batch, the shared pass). Once both are known, cost is the measured draft token over the
+  // measured plain step (a pass of m rows counted as max(1, m / rows) steps), in place of the drafter's estimate:
+  // an int4 self-draft of opt-6.7b bf16 reads 0.27 of the bytes but its steps took more than that.
+  void observe(double draft_ms_total, int64_t drafted, double pass_ms, int64_t pass_rows) {
+    if (!adaptive || !(pass_ms > 0) || pass_rows < 1) return;
+    step_ms = kDecay * step_ms + pass_ms / std::max(1.0, double(pass_rows) / rows);
+    step_w = kDecay * step_w + 1.0;
+    if (draft_ms_total >= 0 && drafted > 0) {
+      draft_ms = kDecay * draft_ms + draft_ms_total / double(drafted);
+      draft_w = kDecay * draft_w + 1.0;
+    }
+    if (draft_w > 0 && step_w > 0) cost = (draft_ms / draft_w) / (step_ms / step_w);
+  }
   void update(int64_t proposed, int64_t accepted) {
     if (!adaptive || proposed == 0) return;
     kept = kDecay * kept + double(accepted);
     trials = kDecay * trials + double(accepted) + (accepted < proposed ? 1.0 : 0.0);
     if (accepted == 0) k = 1, ++misses;
-    else k = best(), misses = 0, backoff = accepted == proposed ? 2 : backoff;
-    if (misses >= 3) pause = backoff, backoff = std::min<int64_t>(32, backoff * 2), misses = 0;
+    else k = best(), misses = 0;
+    if (misses >= 3) {
+      pause = backoff, backoff = std::min<int64_t>(32, backoff * 2), misses = 0;
+    } else if (accepted > 0 && rate(k, acceptance()) < 1.0) {
+      // drafting that does not pay by the cost model (fewer tokens per step than plain decoding's 1) pauses too
+      pause = backoff, backoff = std::min<int64_t>(32, backoff * 2);
+    } else if (accepted == proposed) {
+      backoff = 2;
+    }
   }
 };
 
@@ -282,15 +333,25 @@ namespace detail {
 class SpeculativeSequence final : public Speculation::Sequence {
  public:
   SpeculativeSequence(std::shared_ptr<Drafter> d, const SpeculativeOptions& so, double draft_cost,
-                      SpeculativeStats* stats)
-      : d_(std::move(d)), dl_(so.draft_tokens, so.adaptive, draft_cost, so.verify_rows), stats_(stats) {}
+                      double verify_rows, SpeculativeStats* stats)
+      : d_(std::move(d)), dl_(so.draft_tokens, so.adaptive, draft_cost, verify_rows), stats_(stats) {}
 
   void draft(const std::vector<int32_t>& tokens, int64_t room, int64_t vocab, std::vector<int32_t>& out) override {
     drafted_ = true;
     out.clear();
     const int64_t k = std::min(dl_.next(), room);
-    if (k <= 0) return;
+    const clock::time_point t0 = clock::now();
+    drafted_at_ = t0;
+    draft_ms_ = -1.0;
+    if (k <= 0) {
+      caught_up_ = false;  // the drafter falls behind while it pauses
+      return;
+    }
     out = d_->propose(tokens, k);
+    drafted_at_ = clock::now();
+    // (the first proposals after the prompt or a pause include the drafter's catching up: not a draft's cost)
+    if (caught_up_) draft_ms_ = std::chrono::duration<double, std::milli>(drafted_at_ - t0).count();
+    caught_up_ = true;
     if (int64_t(out.size()) > k) out.resize(size_t(k));
     for (size_t j = 0; j < out.size(); ++j) {
       const std::vector<double>* q = d_->draft_distribution(j);
@@ -301,6 +362,7 @@ class SpeculativeSequence final : public Speculation::Sequence {
 
   int64_t verify(const float* rows, int64_t cols, const std::vector<int32_t>& draft, Sampler& sampler,
                  const std::vector<int32_t>& tokens, const std::function<bool(int32_t, const float*)>& take) override {
+    const double pass_ms = std::chrono::duration<double, std::milli>(clock::now() - drafted_at_).count();
     const bool greedy = sampler.options().greedy();
     const int64_t nd = int64_t(draft.size());
     int64_t kept = 0, emitted = 0;
@@ -328,16 +390,25 @@ class SpeculativeSequence final : public Speculation::Sequence {
       stats_->accepted += kept;
       stats_->new_tokens += emitted;
     }
-    if (drafted_) dl_.update(nd, kept);
+    if (drafted_) {
+      // (timed costs only for greedy sequences, whose output K cannot change: a seeded sampling run draws the same
+      // numbers only if its K follow the same schedule, from the drafter's estimate)
+      if (greedy) dl_.observe(draft_ms_, nd, pass_ms, nd + 1);
+      dl_.update(nd, kept);
+    }
     drafted_ = false;
     return kept;
   }
 
  private:
+  using clock = std::chrono::steady_clock;
   std::shared_ptr<Drafter> d_;
   DraftLength dl_;
   SpeculativeStats* stats_;
   bool drafted_ = false;  // this pass is a decode step that drafted (not a prompt pass)
+  bool caught_up_ = false;  // the drafter proposed in the previous decode step (it has seen the sequence)
+  clock::time_point drafted_at_{};  // when draft() returned: the model pass runs from there to verify()
+  double draft_ms_ = -1.0;          // propose()'s time this pass; < 0: not a draft's cost (see draft())
   std::vector<double> residual_;
 };
 
@@ -348,7 +419,8 @@ class SpeculativeDecoding final : public Speculation {
   std::unique_ptr<Sequence> start(const Model& target) const override {
     std::shared_ptr<Drafter> d = d_->fork();
     const double cost = so_.draft_cost >= 0 ? so_.draft_cost : d_->token_cost(target);
-    return std::make_unique<SpeculativeSequence>(d ? d : d_, so_, cost, stats_);
+    const double rows = so_.verify_rows > 0 ? so_.verify_rows : verify_rows_for(target);
+    return std::make_unique<SpeculativeSequence>(d ? d : d_, so_, cost, rows, stats_);
   }
 
  private:
@@ -370,8 +442,9 @@ inline std::shared_ptr<const Speculation> speculation(std::shared_ptr<Drafter> d
   if (so.draft_tokens < 0 || so.draft_tokens > 64)
     throw input_error("speculative decoding: draft_tokens = " + std::to_string(so.draft_tokens) +
                       ", expected 0..64");
-  if (!(so.verify_rows >= 1.0) || !std::isfinite(so.verify_rows))
-    throw input_error("speculative decoding: verify_rows = " + std::to_string(so.verify_rows) + ", expected >= 1");
+  if (!(so.verify_rows == 0.0 || so.verify_rows >= 1.0) || !std::isfinite(so.verify_rows))
+    throw input_error("speculative decoding: verify_rows = " + std::to_string(so.verify_rows) +
+                      ", expected 0 (by the kernels and the weights) or >= 1");
   if (std::isnan(so.draft_cost) || std::isinf(so.draft_cost))
     throw input_error("speculative decoding: draft_cost = " + std::to_string(so.draft_cost) +
                       ", expected a finite number (< 0: the drafter's estimate)");
