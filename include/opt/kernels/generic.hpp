@@ -280,7 +280,14 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   for (int p = 0; p < NP; ++p)
     adjacent = adjacent && w.panel(p0 + p) == pp[p / kS * kS] + (p % kS) * kColBytes && cs[p] == cs[p / kS * kS];
   const int64_t g = w.group;
-  constexpr int64_t kAheadCols = prefetch_distance(T) / kColBytes;
+  // columns ahead: prefetch_distance(T) of a panel, or for f32 where f32_prefetch() says, its bytes of a stream
+  // when the tile reads whole groups from end to end (not the column chunks of AVX2's and NEON's 3-6 token
+  // steps: with 512 bytes there, on Intel, an AVX2 batch-4 f32 step took 1.05-1.07x as long)
+  int64_t ahead_cols = prefetch_distance(T) / kColBytes;
+  if constexpr (T == dtype::F32 && !kRange) {
+    const int64_t sb = f32_prefetch().stream_bytes;
+    if (sb > 0 && NP >= g) ahead_cols = std::max<int64_t>(1, sb / (g * kColBytes));
+  }
   const int64_t nb = kI8 ? (k1 - k0 + B - 1) / B : 1;  // blocks (k0 starts one; float weights: one pass)
   const int64_t b0 = kI8 ? k0 / B : 0;
   // I8 / I4 scales: each panel's kPanel floats a block, a stream of their own beside the weights. With pf they
@@ -349,11 +356,11 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
       };
       if constexpr (decltype(prefetching)::value)
         if (bi == 0)
-          for (int64_t c = k0; c < std::min(k0 + kAheadCols, K); ++c) prefetch_col(c);
+          for (int64_t c = k0; c < std::min(k0 + ahead_cols, K); ++c) prefetch_col(c);
       for (int64_t k = kb; k < ke; ++k) {
-        // a stream is long and sequential: ask for it kAheadCols columns ahead (one or two streams per core are
+        // a stream is long and sequential: ask for it ahead_cols columns ahead (one or two streams per core are
         // too few for the hardware prefetcher at decode's rate)
-        if constexpr (decltype(prefetching)::value) prefetch_col(k + kAheadCols);
+        if constexpr (decltype(prefetching)::value) prefetch_col(k + ahead_cols);
         const auto col = [&](int p) __attribute__((always_inline)) {
           return sp[p / S] + k * ss[p / S] + (p % S) * kColBytes;
         };
@@ -481,12 +488,12 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   const int64_t K = w.cols;
   constexpr int64_t P = ops::kPanel;
   alignas(64) float out[Simd::kMR * 8 * P];  // [token of the tile][panel][P]
-  // Decode tiles prefetch their weights except f32's (a panel column a cache line: the hardware prefetcher keeps
-  // up). On Zen 5 (2 threads, opt-125m, paired rounds) prefetching made a decode token 0.96x as long (int8, and
-  // a batch-4 step), 0.99x (bf16), and 1.05x (f32). But a tile that reads part of a group (AVX2's one-panel tiles
-  // of 3-8 tokens) reads every other line, and without the prefetch of the whole group by its first tile an f32
-  // batch-4 step took 1.7x as long.
-  constexpr bool kDecodePrefetch = col_bytes_c(T) < 64;
+  // Decode tiles prefetch their weights; f32's only where f32_prefetch() says so (a panel column is a cache line:
+  // on Zen 5 the hardware prefetcher keeps up, on Intel it does not). On Zen 5 (2 threads, opt-125m, paired
+  // rounds) prefetching made a decode token 0.96x as long (int8, and a batch-4 step), 0.99x (bf16), and 1.05x
+  // (f32). But a tile that reads part of a group (AVX2's one-panel tiles of 3-8 tokens) reads every other line,
+  // and without the prefetch of the whole group by its first tile an f32 batch-4 step took 1.7x as long.
+  const bool decode_prefetch = col_bytes_c(T) < 64 || (T == dtype::F32 && f32_prefetch().decode);
   if (n <= Simd::kMR) {
     const int group = Simd::np_for(int(n), int(col_bytes_c(T)));
     // One-panel tiles (AVX2 and NEON, 3 tokens and more) would read a panel group one panel at a time, each tile
@@ -519,7 +526,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
     }
     for (int64_t p = p0; p < p1;) {
       const int np = p + group <= p1 ? group : group >= 4 && p + group / 2 <= p1 ? group / 2 : 1;
-      tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P, kDecodePrefetch || np < w.group);
+      tile_any<T>(int(n), np, x, K, K, w, p, out, np * P, P, decode_prefetch || np < w.group);
       for (int64_t i = 0; i < n; ++i) finish_panels(g, p, np, out + i * np * P, P, g.y + i * g.ldy);
       p += np;
     }

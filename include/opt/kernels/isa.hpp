@@ -108,6 +108,18 @@ inline bool cpu_has_int8_dot() noexcept {
 #endif
 }
 
+// Whether the CPU is Intel's (CPUID vendor "GenuineIntel"); false off x86. A tuning fact (prelude.hpp
+// prefetch_f32_decode), never a correctness one: every ISA gives the same bits on every vendor.
+inline bool cpu_is_intel() noexcept {
+#if defined(OPT_HAVE_X86_KERNELS)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
+#else
+  return false;
+#endif
+}
+
 // The fastest ISA this CPU runs.
 inline isa best_isa() noexcept {
   for (isa i : {isa::avx512, isa::avx2, isa::neon})
