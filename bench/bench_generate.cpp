@@ -282,10 +282,18 @@ class PeakProbe {
   std::vector<double> gflops_;
 };
 
-// Which kernels ran and which the floors used: every figure carries them.
+// How f32 weights are prefetched (opt::kernels::f32_prefetch: by CPU, or OPT_PREFETCH_F32): bytes ahead a stream,
+// or off.
+std::string f32_prefetch_label() {
+  const auto& p = opt::kernels::f32_prefetch();
+  return p.decode ? std::to_string(p.stream_bytes) : std::string("off");
+}
+
+// Which kernels ran (and how they prefetch f32) and which the floors used: every figure carries them.
 void label_isa(benchmark::State& state) {
   state.SetLabel(std::string("kernels=") + opt::kernels::to_string(opt::kernels::active_isa()) +
-                 " floors=" + opt::kernels::to_string(opt_bench::floor_isa()));
+                 " floors=" + opt::kernels::to_string(opt_bench::floor_isa()) +
+                 " f32_prefetch=" + f32_prefetch_label());
 }
 
 void BM_ReadBandwidth(benchmark::State& state) {
