@@ -109,7 +109,7 @@ inline bool cpu_has_int8_dot() noexcept {
 }
 
 // Whether the CPU is Intel's (CPUID vendor "GenuineIntel"); false off x86. A tuning fact (prelude.hpp
-// prefetch_f32_decode), never a correctness one: every ISA gives the same bits on every vendor.
+// f32_prefetch), never a correctness one: every ISA gives the same bits on every vendor.
 inline bool cpu_is_intel() noexcept {
 #if defined(OPT_HAVE_X86_KERNELS)
   unsigned a = 0, b = 0, c = 0, d = 0;

@@ -54,11 +54,12 @@ inline __attribute__((always_inline)) void prefetch_kept(const void* a) {
 // a panel group the f32 tiles ask (0: the default distance of generic.hpp, prefetch_distance). Measured with 2
 // threads on opt-125m, whole decode tokens in alternating runs:
 // - AMD Zen 5: prefetching f32 made a token 1.05x as long: off.
-// - Intel Xeon with AVX-512 and AMX (Sapphire Rapids generation): at the default distance (4 KiB a stream, 32
-//   columns of a 2-panel group) 0.96-0.98x as long (5 of 5 pairs); 512 bytes ahead 0.91-0.92x (f32 decode
-//   17.1-17.2 -> 15.7-15.8 ms, a batch-4 step 17.9 -> 17.4 ms, a 512-token prefill unchanged). A GEMV of 512 MiB
-//   on 2 threads there read 27-28 GB/s with 512-bit loads and no prefetch, 35-36 with it 512 bytes ahead, 28 with
-//   it 4 KiB ahead. The 16-bit and integer types kept their distances (shorter ones made them slower).
+// - Intel Xeon with AVX-512 and AMX (Sapphire Rapids generation), AVX-512 kernels: prefetching at the default
+//   distance (4 KiB a stream: 32 columns of a 2-panel group) made a token 0.96-0.98x as long (5 of 5 pairs),
+//   512 bytes ahead 0.85-0.91x (17.1-17.5 -> 14.8-15.6 ms) and a batch-4 step 0.82-0.85x; a 512-token prefill
+//   did not change. A GEMV of 512 MiB on 2 threads there read 27-28 GB/s with 512-bit loads and no prefetch,
+//   35-36 with it 512 bytes ahead, 28 with it 4 KiB ahead. The 16-bit and integer types keep their distances
+//   (shorter ones made them slower there).
 // OPT_PREFETCH_F32=off|BYTES overrides the choice (for measuring), read once.
 struct F32Prefetch {
   bool decode = false;
