@@ -143,3 +143,23 @@ TEST_CASE("OPT_ISA: a known name this CPU runs is chosen; an unknown one or one 
   if (was) ::setenv("OPT_ISA", saved.c_str(), 1);
   else ::unsetenv("OPT_ISA");
 }
+
+TEST_CASE("OPT_PREFETCH_F32: off, or bytes ahead a stream; unset, by vendor; anything else an opt::config_error") {
+  using opt::kernels::parse_f32_prefetch;
+  CHECK(!parse_f32_prefetch(nullptr, false).decode);
+  CHECK(parse_f32_prefetch(nullptr, false).stream_bytes == 0);
+  CHECK(parse_f32_prefetch(nullptr, true).decode);
+  CHECK(parse_f32_prefetch(nullptr, true).stream_bytes == 512);
+  for (bool intel : {false, true}) {
+    CHECK(!parse_f32_prefetch("off", intel).decode);
+    CHECK(parse_f32_prefetch("off", intel).stream_bytes == 0);
+    CHECK(parse_f32_prefetch("64", intel).decode);
+    CHECK(parse_f32_prefetch("64", intel).stream_bytes == 64);
+    CHECK(parse_f32_prefetch("1048576", intel).stream_bytes == 1048576);
+    for (const char* bad : {"", "0", "-512", "512x", "of", "on", "1048577", "99999999999999999999"})
+      CHECK_THROWS_WITH_AS(parse_f32_prefetch(bad, intel), doctest::Contains("OPT_PREFETCH_F32="), opt::config_error);
+  }
+  // the process's own choice is the one its environment and CPU give
+  CHECK(opt::kernels::f32_prefetch().decode ==
+        parse_f32_prefetch(std::getenv("OPT_PREFETCH_F32"), opt::kernels::cpu_is_intel()).decode);
+}

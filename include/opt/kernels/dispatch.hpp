@@ -10,6 +10,7 @@
 
 #include "opt/error.hpp"
 #include "opt/kernels/isa.hpp"
+#include "opt/kernels/prelude.hpp"
 #include "opt/kernels/table.hpp"
 
 // OPT_KERNELS_EXTERN: this translation unit only declares the ISA tables, and one other of the program compiles
@@ -64,6 +65,7 @@ inline std::string available_isas_string() {
 
 // The table of `i`; a config_error when this CPU or build cannot run it.
 inline const Table& table_for(isa i) {
+  f32_prefetch();  // a bad OPT_PREFETCH_F32 is refused here, not in a kernel on a pool thread
   if (!cpu_supports(i))
     throw config_error(std::string("instruction set '") + to_string(i) + "' is not available on this " +
                        (compiled(i) ? "CPU" : "build (another architecture)") + "; available: " +

@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include "opt/detail/fp16.hpp"
+#include "opt/error.hpp"
 #include "opt/kernels/table.hpp"
 
 // Each ISA's table() is an inline function, compiled in every translation unit that runs a kernel; in the one
@@ -60,23 +62,31 @@ inline __attribute__((always_inline)) void prefetch_kept(const void* a) {
 //   did not change. A GEMV of 512 MiB on 2 threads there read 27-28 GB/s with 512-bit loads and no prefetch,
 //   35-36 with it 512 bytes ahead, 28 with it 4 KiB ahead. The 16-bit and integer types keep their distances
 //   (shorter ones made them slower there).
-// OPT_PREFETCH_F32=off|BYTES overrides the choice (for measuring), read once.
+// OPT_PREFETCH_F32=off|BYTES (1 .. 1048576) overrides the choice (for measuring); any other value is an
+// opt::config_error, raised where the kernels are chosen (dispatch.hpp table_for), as OPT_ISA's are.
 struct F32Prefetch {
   bool decode = false;
   int64_t stream_bytes = 0;
 };
-inline const F32Prefetch& f32_prefetch() noexcept {
-  static const F32Prefetch p = [] {
-    F32Prefetch r;
-    if (cpu_is_intel()) r.decode = true, r.stream_bytes = 512;
-    if (const char* e = std::getenv("OPT_PREFETCH_F32")) {
-      char* end = nullptr;
-      const long long v = std::strtoll(e, &end, 10);
-      if (std::strcmp(e, "off") == 0) r = F32Prefetch{};
-      else if (end != e && *end == 0 && v > 0 && v <= (1 << 20)) r.decode = true, r.stream_bytes = v;
-    }
-    return r;
-  }();
+
+// The choice for a CPU (intel: cpu_is_intel()) and an OPT_PREFETCH_F32 value (null: unset).
+inline F32Prefetch parse_f32_prefetch(const char* value, bool intel) {
+  F32Prefetch r;
+  if (intel) r.decode = true, r.stream_bytes = 512;
+  if (!value) return r;
+  if (std::strcmp(value, "off") == 0) return F32Prefetch{};
+  char* end = nullptr;
+  const long long v = std::strtoll(value, &end, 10);
+  if (end == value || *end != 0 || v < 1 || v > (1 << 20))
+    throw config_error(std::string("OPT_PREFETCH_F32=") + value +
+                       ": expected off or a number of bytes from 1 to 1048576");
+  r.decode = true, r.stream_bytes = v;
+  return r;
+}
+
+// This process's choice, made once (a config_error, on every call, while OPT_PREFETCH_F32 is bad).
+inline const F32Prefetch& f32_prefetch() {
+  static const F32Prefetch p = parse_f32_prefetch(std::getenv("OPT_PREFETCH_F32"), cpu_is_intel());
   return p;
 }
 
