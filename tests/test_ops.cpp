@@ -108,7 +108,7 @@ TEST_CASE("every panel grouping gives the same bits; pack() interleaves groups o
               for (int64_t c = 0; c < K; c += 5)
                 elems = elems && opt::ops::packed_element(r, i, c) == opt::ops::packed_element(w.ref, i, c);
             CHECK(elems);
-            for (int64_t n : {1, 2, 4, 9, 16}) {
+            for (int64_t n : {1, 2, 4, 9, 16, 24}) {
               INFO(opt::to_string(t) << " K=" << K << " R=" << R << " group=" << g << " n=" << n);
               std::vector<float> x = randu(size_t(n * K), uint32_t(n + K)), b = randu(size_t(R), 5);
               std::vector<float> want(size_t(n * R)), got(size_t(n * R));

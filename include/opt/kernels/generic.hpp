@@ -501,28 +501,31 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   // (f32). But a tile that reads part of a group (AVX2's one-panel tiles of 3-8 tokens) reads every other line,
   // and without the prefetch of the whole group by its first tile an f32 batch-4 step took 1.7x as long.
   const bool decode_prefetch = col_bytes_c(T) < 64 || (T == dtype::F32 && f32_prefetch().decode);
-  // More tokens than one light tile takes, up to 2 * kMR, of float weights where a tile spans several panels
-  // (AVX-512: a speculative pass of K + 1 rows, a batch of a few sequences, a short prompt): each whole group of
-  // panels in column chunks that stay in L1 (16 KiB), two tiles of near-equal heights over each chunk, the first
-  // reading it from memory, the second from L1; the sums go on from chunk to chunk (ColumnRange), so every output
-  // is the same chain. On the Intel machine (2 threads, passes over a 40-token cache) the blocks below (the first
-  // tile streaming 256 KiB, the others computing from L2 with the memory idle) took 1.2-1.4x as long: opt-1.3b
-  // bf16 9 / 12 / 16 rows 159-167 / 172-184 / 195-205 ms against 148-151 / 168-176 / 198-203 (8 rows: 110-120);
-  // opt-125m f32 9 / 12 / 16 rows 26.5-28 / 28.6-31 / 31-33 ms against 22-23.5 / 23.4-25.6 / 26-27. For f32 this
+  // A few more tokens than one tile takes well (f32: 5-32, 16-bit weights: 9-16), where a tile spans several
+  // panels (AVX-512: a speculative pass of K + 1 rows, a batch of a few sequences, a short prompt): each whole
+  // group of panels in column chunks that stay in L1 (16 KiB), ceil(n / kMR) (at least 2) tiles of near-equal
+  // heights over each chunk, the first reading it from memory, the others from L1; the sums go on from chunk to
+  // chunk (ColumnRange), so every output is the same chain. On the Intel machine (2 threads, passes over a
+  // 40-token cache) the blocks below (the first tile streaming 256 KiB, the others computing from L2 with the
+  // memory idle) took 1.05-1.4x as long: opt-1.3b bf16 9 / 12 / 16 rows 154-167 / 172-184 / 195-205 ms against
+  // 148-151 / 164-176 / 188-203 (8 rows: 110-120); opt-125m f32 9 / 16 / 17 / 20 / 32 rows 26.5-28 / 31-33 /
+  // 35.5-36.8 / 39-40 / 47.6-48.2 ms against 22-23.5 / 26-27 / 30.8-31.1 / 33.1-34.8 / 44.6-45.1. For f32 this
   // beats one tile of 5-8 tokens streaming the weights as well (5 / 8 rows 21.5 / 24.5 ms against 20.6-20.9 /
-  // 21-21.5); for 16-bit weights, which two tiles widen twice, it does not (opt-1.3b bf16 5 / 8 rows 98 / 115 ms
-  // one tile, 124 / 143 two).
+  // 21-21.5); 16-bit weights, which each tile widens again, lose with it there (opt-1.3b bf16 5 / 8 rows 98 / 115
+  // ms one tile, 124 / 143 two) and from 17 rows (17 / 24 rows 243 / 279-290 ms blocks, 254 / 297-310 chunks).
   if constexpr (Simd::kNP >= 2 && !ops::has_scales(T)) {
     constexpr int64_t kChunkedFrom = col_bytes_c(T) == 64 ? 5 : Simd::kMR + 1;
+    constexpr int64_t kChunkedTo = col_bytes_c(T) == 64 ? 4 * Simd::kMR : 2 * Simd::kMR;
     const int64_t G = w.group;
-    if (n >= kChunkedFrom && n <= 2 * Simd::kMR && (G == 2 || G == 4)) {
+    if (n >= kChunkedFrom && n <= kChunkedTo && (G == 2 || G == 4) && n * G <= Simd::kMR * 8) {
+      const int64_t tiles = std::max<int64_t>(2, (n + Simd::kMR - 1) / Simd::kMR);
       const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)));
       int64_t p = p0;
       for (; p + G <= p1 && p % G == 0 && w.group_panels(p) == G; p += G) {
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
           const ColumnRange cr{k0, std::min(K, k0 + KC), k0 > 0};
-          for (int64_t t = 0, i = 0; t < 2; ++t) {
-            const int m = int(n / 2 + (t < n % 2 ? 1 : 0));
+          for (int64_t t = 0, i = 0; t < tiles; ++t) {
+            const int m = int(n / tiles + (t < n % tiles ? 1 : 0));
             const int s = int(std::min<int64_t>(G, Simd::np_for(m, int(col_bytes_c(T)))));
             for (int64_t q = 0; q < G; q += s)
               tile_any<T, true>(m, s, x + i * K, K, K, w, p + q, out + i * G * P + q * P, G * P, P, t == 0, cr);
