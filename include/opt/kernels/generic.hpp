@@ -485,6 +485,35 @@ inline void finish_panels(const ops::LinearSeg& g, int64_t p, int np, const floa
   }
 }
 
+// Whole groups of g's panels from p0 (as long as they last in [p0, p1)) for n tokens, each group in column chunks
+// that stay in L1 (16 KiB): in each chunk the tokens go in `tiles` tiles of near-equal heights, each over the
+// group's panels np_for(its height) at a time, the first tile reading the chunk from memory (and asking for it
+// ahead), the others from L1; the sums go on from chunk to chunk (ColumnRange), so every output is the same
+// chain. out holds n * group * kPanel floats. Returns the first panel not done.
+template <dtype T>
+inline int64_t linear_group_chunks(const float* x, int64_t n, int64_t tiles, const ops::LinearSeg& g, int64_t p0,
+                                   int64_t p1, float* out) {
+  const PackedMatrix& w = g.w;
+  const int64_t K = w.cols, G = w.group;
+  constexpr int64_t P = ops::kPanel;
+  const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)));
+  int64_t p = p0;
+  for (; p + G <= p1 && p % G == 0 && w.group_panels(p) == G; p += G) {
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+      const ColumnRange cr{k0, std::min(K, k0 + KC), k0 > 0};
+      for (int64_t t = 0, i = 0; t < tiles; ++t) {
+        const int m = int(n / tiles + (t < n % tiles ? 1 : 0));
+        const int s = int(std::min<int64_t>(G, Simd::np_for(m, int(col_bytes_c(T)))));
+        for (int64_t q = 0; q < G; q += s)
+          tile_any<T, true>(m, s, x + i * K, K, K, w, p + q, out + i * G * P + q * P, G * P, P, t == 0, cr);
+        i += m;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) finish_panels(g, p, int(G), out + i * G * P, P, g.y + i * g.ldy);
+  }
+  return p;
+}
+
 // Panels [p0, p1) of g for n tokens. Small batches (n <= kMR: decode) run one tile of n tokens over np_for(n)
 // panels at a time, streaming those panels once. Larger ones (prefill) take the panels in blocks that stay in L2
 // (~256 KiB of weights), and within a block each kMR-token tile of inputs (in L1) passes over every panel of the
@@ -503,11 +532,9 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   const bool decode_prefetch = col_bytes_c(T) < 64 || (T == dtype::F32 && f32_prefetch().decode);
   // A few more tokens than one tile takes well (f32: 5-32, 16-bit weights: 9-16), where a tile spans several
   // panels (AVX-512: a speculative pass of K + 1 rows, a batch of a few sequences, a short prompt): each whole
-  // group of panels in column chunks that stay in L1 (16 KiB), ceil(n / kMR) (at least 2) tiles of near-equal
-  // heights over each chunk, the first reading it from memory, the others from L1; the sums go on from chunk to
-  // chunk (ColumnRange), so every output is the same chain. On the Intel machine (2 threads, passes over a
-  // 40-token cache) the blocks below (the first tile streaming 256 KiB, the others computing from L2 with the
-  // memory idle) took 1.05-1.4x as long: opt-1.3b bf16 9 / 12 / 16 rows 154-167 / 172-184 / 195-205 ms against
+  // group of panels in column chunks (linear_group_chunks), ceil(n / kMR) (at least 2) tiles of near-equal heights
+  // over each chunk. On the Intel machine (2 threads, passes over a 40-token cache) the blocks below (the first
+  // tile streaming 256 KiB, the others computing from L2 with the memory idle) took 1.05-1.4x as long: opt-1.3b bf16 9 / 12 / 16 rows 154-167 / 172-184 / 195-205 ms against
   // 148-151 / 164-176 / 188-203 (8 rows: 110-120); opt-125m f32 9 / 16 / 17 / 20 / 32 rows 26.5-28 / 31-33 /
   // 35.5-36.8 / 39-40 / 47.6-48.2 ms against 22-23.5 / 26-27 / 30.8-31.1 / 33.1-34.8 / 44.6-45.1. For f32 this
   // beats one tile of 5-8 tokens streaming the weights as well (5 / 8 rows 21.5 / 24.5 ms against 20.6-20.9 /
@@ -517,56 +544,24 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
     constexpr int64_t kChunkedFrom = col_bytes_c(T) == 64 ? 5 : Simd::kMR + 1;
     constexpr int64_t kChunkedTo = col_bytes_c(T) == 64 ? 4 * Simd::kMR : 2 * Simd::kMR;
     const int64_t G = w.group;
-    if (n >= kChunkedFrom && n <= kChunkedTo && (G == 2 || G == 4) && n * G <= Simd::kMR * 8) {
-      const int64_t tiles = std::max<int64_t>(2, (n + Simd::kMR - 1) / Simd::kMR);
-      const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)));
-      int64_t p = p0;
-      for (; p + G <= p1 && p % G == 0 && w.group_panels(p) == G; p += G) {
-        for (int64_t k0 = 0; k0 < K; k0 += KC) {
-          const ColumnRange cr{k0, std::min(K, k0 + KC), k0 > 0};
-          for (int64_t t = 0, i = 0; t < tiles; ++t) {
-            const int m = int(n / tiles + (t < n % tiles ? 1 : 0));
-            const int s = int(std::min<int64_t>(G, Simd::np_for(m, int(col_bytes_c(T)))));
-            for (int64_t q = 0; q < G; q += s)
-              tile_any<T, true>(m, s, x + i * K, K, K, w, p + q, out + i * G * P + q * P, G * P, P, t == 0, cr);
-            i += m;
-          }
-        }
-        for (int64_t i = 0; i < n; ++i) finish_panels(g, p, int(G), out + i * G * P, P, g.y + i * g.ldy);
-      }
-      p0 = p;
-    }
+    if (n >= kChunkedFrom && n <= kChunkedTo && (G == 2 || G == 4) && n * G <= Simd::kMR * 8)
+      p0 = linear_group_chunks<T>(x, n, std::max<int64_t>(2, (n + Simd::kMR - 1) / Simd::kMR), g, p0, p1, out);
   }
   if (p0 == p1) return;
   if (n <= Simd::kMR) {
     const int group = Simd::np_for(int(n), int(col_bytes_c(T)));
     // One-panel tiles (AVX2 and NEON, 3 tokens and more) would read a panel group one panel at a time, each tile
     // a pass over the group from memory or L2 (an AVX2 batch-4 f32 step took 1.6-1.8x a batch-1 step). Instead a
-    // whole group is taken in column chunks that stay in L1 (16 KiB): in each chunk, tiles of 2 tokens (and 1)
-    // over the group's panels, the first reading the chunk from memory, the others from L1; the sums go on from
-    // chunk to chunk (ColumnRange), so every output is the same chain.
+    // whole group is taken in column chunks that stay in L1 (linear_group_chunks): in each chunk, tiles of 2
+    // tokens (and 1) over the group's panels, the first reading the chunk from memory, the others from L1.
     // Float weights only: for I8 / I4 the 2-token tiles widen each weight n / 2 times, and an AVX2 batch-4 int8
     // step took 1.06x as long (f32 0.93x, bf16 0.91x).
     constexpr int kPieceNp = Simd::np_for(2, int(col_bytes_c(T)));
     if constexpr (kPieceNp >= 2 && !ops::has_scales(T)) {
       const int64_t G = w.group;  // 2, 4 or 8 panels: whole tiles of np_for(2) or np_for(1) panels, out holds it
-      if (group == 1 && n >= 3 && (G == 2 || G == 4 || G == 8)) {
-        const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)));
-        int64_t p = p0;
-        for (; p + G <= p1 && p % G == 0 && w.group_panels(p) == G; p += G) {
-          for (int64_t k0 = 0; k0 < K; k0 += KC) {
-            const ColumnRange cr{k0, std::min(K, k0 + KC), k0 > 0};
-            for (int64_t i = 0; i < n; i += 2) {
-              const int mt = int(std::min<int64_t>(2, n - i));
-              const int s = int(std::min<int64_t>(G, Simd::np_for(mt, int(col_bytes_c(T)))));
-              for (int64_t q = 0; q < G; q += s)
-                tile_any<T, true>(mt, s, x + i * K, K, K, w, p + q, out + i * G * P + q * P, G * P, P, i == 0, cr);
-            }
-          }
-          for (int64_t i = 0; i < n; ++i) finish_panels(g, p, int(G), out + i * G * P, P, g.y + i * g.ldy);
-        }
-        p0 = p;
-      }
+      // (ceil(n / 2) tiles of near-equal heights: 2 tokens each, the last 1 when n is odd)
+      if (group == 1 && n >= 3 && (G == 2 || G == 4 || G == 8))
+        p0 = linear_group_chunks<T>(x, n, (n + 1) / 2, g, p0, p1, out);
     }
     for (int64_t p = p0; p < p1;) {
       const int np = p + group <= p1 ? group : group >= 4 && p + group / 2 <= p1 ? group / 2 : 1;
