@@ -54,6 +54,26 @@ struct Simd {
   static V load_i8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  // bf16 weights a panel column at a time (32 bytes, rows 0-15), one instruction a vector where load_bf16 takes
+  // two: each dword holds rows 2i and 2i + 1, the low half shifted up is row 2i as f32, the high half masked is row
+  // 2i + 1. So even = rows 0, 2, .., 14, odd = rows 1, 3, .., 15: the same values, in other lanes (generic.hpp).
+  static constexpr int kBf16PairPanels = 1;
+  static void load_bf16_pair(const uint16_t* p, V& even, V& odd) {
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32(int32_t(0xffff0000u))));
+  }
+  // (even, odd) to rows 0-7, rows 8-15; rows_to_bf16_pair the inverse
+  static void bf16_pair_to_rows(V& a, V& b) {
+    const V lo = _mm256_unpacklo_ps(a, b);  // rows 0-3 | 8-11
+    const V hi = _mm256_unpackhi_ps(a, b);  // rows 4-7 | 12-15
+    a = _mm256_permute2f128_ps(lo, hi, 0x20), b = _mm256_permute2f128_ps(lo, hi, 0x31);
+  }
+  static void rows_to_bf16_pair(V& a, V& b) {
+    const V lo = _mm256_permute2f128_ps(a, b, 0x20);  // rows 0-3 | 8-11
+    const V hi = _mm256_permute2f128_ps(a, b, 0x31);  // rows 4-7 | 12-15
+    a = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), b = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+  }
   // one I4 panel column (8 bytes: row j in byte j's low nibble, row j + 8 in its high one, each q + 8): rows 0-7
   // in out[0], 8-15 in out[1], each lane the integer q as f32. Six instructions and no conversion (the GEMV is
   // bound by them): with z = the byte zero-extended and b = z | 0x4B000000,

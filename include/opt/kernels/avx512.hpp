@@ -34,8 +34,12 @@ struct Simd {
   // panels of a decode tile of m tokens (weights of col_bytes a panel column): 4 streams of weights at up to 4
   // tokens. On Zen 5 (2 threads, opt-125m's shape, 200-300 paired rounds) a whole decode token with 4 panels took
   // 0.96-0.975x (int8), 0.97x (int4), 0.98x (f32) the time it took with 8; 16-bit weights already read more with
-  // 4 (the LM head's GEMV 52-59 GB/s against 46-55).
-  static constexpr int np_for(int m, int /*col_bytes*/) { return m <= 4 ? 4 : 2; }
+  // 4 (the LM head's GEMV 52-59 GB/s against 46-55). 16-bit weights keep 4 panels to 6 tokens (6 x 4 + 4 + 1
+  // registers): on the Intel machine (2 threads, passes over a 40-token cache, alternating runs) opt-1.3b bf16
+  // 5 / 6 rows took 87-89 / 92-94 ms against 99-104 / 104-107 with 2 panels (1 row: 85-88), opt-125m f16 5 / 6
+  // rows 9.6-10.5 / 9.9-10.2 against 11.3 / 11.4-11.6; at 7 and 8 rows (the weights one panel at a time) 4 panels
+  // were no faster.
+  static constexpr int np_for(int m, int col_bytes) { return m <= 4 || (m <= 6 && col_bytes == 32) ? 4 : 2; }
   using V = __m512;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
@@ -71,6 +75,28 @@ struct Simd {
   }
   static V load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // bf16 weights a 2-panel group column at a time (64 bytes: rows 0-15 of panel A, then of panel B), one
+  // instruction a vector where load_bf16 takes two (vpmovzxwd + vpslld): each dword holds rows 2i and 2i + 1,
+  // the low half shifted up is row 2i as f32, the high half masked is row 2i + 1. So even = rows 0, 2, .., 14 of
+  // A then of B, odd = rows 1, 3, .., 15 of A then of B; the same values, in other lanes (generic.hpp tile()).
+  static constexpr int kBf16PairPanels = 2;
+  static void load_bf16_pair(const uint16_t* p, V& even, V& odd) {
+    const __m512i d = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32(int32_t(0xffff0000u))));
+  }
+  // (even, odd) of load_bf16_pair's order to rows 0-15 of A, rows 0-15 of B; rows_to_bf16_pair the inverse
+  static void bf16_pair_to_rows(V& a, V& b) {
+    const V r0 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), b);
+    const V r1 =
+        _mm512_permutex2var_ps(a, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), b);
+    a = r0, b = r1;
+  }
+  static void rows_to_bf16_pair(V& a, V& b) {
+    const V e = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+    const V o = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+    a = e, b = o;
   }
   // one I4 panel column (8 bytes: row j in byte j's low nibble, row j + 8 in its high one, each q + 8) to one
   // vector of the integers q as f32, in three vector instructions: the 8 bytes twice, widened to 16 dwords; lanes

@@ -234,6 +234,20 @@ OPT_K_INLINE void load_col(const std::byte* col, V* wv) {
   }
 }
 
+// bf16 weights a pair of vectors at a time where the ISA has it (Simd::kBf16PairPanels panels: AVX-512 two, AVX2
+// one): one instruction a vector to widen instead of two, the rows in the pair's own lane order (even rows, odd
+// rows). The tile's sums then sit in that order and are put back in rows order before they are stored (and out of
+// it when a column range continues stored sums). Each output is the same FMA chain in another lane: the same bits.
+// (Templates so that ISAs without the pair compile without its functions.)
+template <class S = Simd>
+OPT_K_INLINE void load_bf16_pair(const std::byte* col, V& even, V& odd) {
+  S::load_bf16_pair(reinterpret_cast<const uint16_t*>(col), even, odd);
+}
+template <class S = Simd>
+OPT_K_INLINE void bf16_pair_to_rows(V& a, V& b) { S::bf16_pair_to_rows(a, b); }
+template <class S = Simd>
+OPT_K_INLINE void rows_to_bf16_pair(V& a, V& b) { S::rows_to_bf16_pair(a, b); }
+
 // Columns [k0, k1) of a tile (k1 < 0: to K; read only by tile<..., kRange = true>). cont: the FMA chains go on
 // from the sums a call over the previous columns stored in out (integer weights: out holds the finished blocks so
 // far; k0 then starts a block), so a tile split into column chunks makes the same operations in the same order as
@@ -285,6 +299,14 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   OPT_K_UNROLL
   for (int p = 0; p < NP; ++p)
     adjacent = adjacent && w.panel(p0 + p) == pp[p / kS * kS] + (p % kS) * kColBytes && cs[p] == cs[p / kS * kS];
+  // bf16 pairs (load_bf16_pair): kPU panels a pair, the pair's 2 vectors at element e = 0, 1 of the flattened
+  // [p][v] from panel p (kPU 2: VP 1, the panels p and p + 1; kPU 1: VP 2, panel p's two vectors); 0: not paired.
+  // A 2-panel pair needs the panels adjacent in one group (the span below), so `paired` is known at run time.
+  constexpr int kPU = T == dtype::BF16 && kAllW && Simd::kBf16PairPanels > 0 && Simd::kBf16PairPanels * VP == 2 &&
+                              NP % Simd::kBf16PairPanels == 0 && kS % Simd::kBf16PairPanels == 0
+                          ? Simd::kBf16PairPanels
+                          : 0;
+  const bool paired = kPU == 1 || (kPU == 2 && adjacent);
   const int64_t g = w.group;
   // columns ahead: prefetch_distance(T) of a panel, or for f32 where f32_prefetch() says, its bytes of a stream
   // when the tile reads whole groups from end to end (not the column chunks of AVX2's and NEON's 3-6 token
@@ -323,6 +345,12 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         OPT_K_UNROLL
         for (int v = 0; v < VP; ++v)
           acc[m][p][v] = !kI8 && cont ? Simd::load(out + m * ldo + p * ps + v * W) : Simd::zero();
+    if constexpr (kPU > 0)
+      if (!kI8 && cont && paired)
+        OPT_K_UNROLL
+        for (int m = 0; m < MR; ++m)
+          OPT_K_UNROLL
+          for (int p = 0; p < NP; p += kPU) rows_to_bf16_pair(acc[m][p][0], acc[m][p + 1 / VP][1 % VP]);
     const int64_t ke = std::min(k1, kb + B);
     // the loop over columns with and without the prefetches (prefetching: a std::bool_constant), over streams of
     // S panels (span: a std::integral_constant): with the prefetches tested per column in one loop, the prefetch
@@ -373,8 +401,19 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         };
         if constexpr (kAllW) {
           V wv[NP][VP];
-          OPT_K_UNROLL
-          for (int p = 0; p < NP; ++p) load_col<T>(col(p), wv[p]);
+          if constexpr (kPU > 0 && S % kPU == 0) {  // (S 1 with kPU 2: panels not adjacent, one at a time)
+            OPT_K_UNROLL
+            for (int p = 0; p < NP; p += kPU) {
+              V e, o;
+              load_bf16_pair(col(p), e, o);
+              Simd::keep(e);
+              Simd::keep(o);
+              wv[p][0] = e, wv[p + 1 / VP][1 % VP] = o;
+            }
+          } else {
+            OPT_K_UNROLL
+            for (int p = 0; p < NP; ++p) load_col<T>(col(p), wv[p]);
+          }
           OPT_K_UNROLL
           for (int m = 0; m < MR; ++m) {
             V xb = Simd::set1(x[m * ldx + k]);
@@ -421,6 +460,12 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
       }
     }
   }
+  if constexpr (kPU > 0)
+    if (paired)
+      OPT_K_UNROLL
+      for (int m = 0; m < MR; ++m)
+        OPT_K_UNROLL
+        for (int p = 0; p < NP; p += kPU) bf16_pair_to_rows(acc[m][p][0], acc[m][p + 1 / VP][1 % VP]);
   if constexpr (!kI8)
     OPT_K_UNROLL
     for (int m = 0; m < MR; ++m)

@@ -16,6 +16,7 @@ struct Simd {
   static constexpr int W = 4;
   static constexpr int kMR = 6, kNP = 1;  // 6 tokens x 1 panel: 24 accumulators of the 32 registers
   static constexpr int kRegs = 32;
+  static constexpr int kBf16PairPanels = 0;  // bf16 weights widened one vector at a time (load_bf16)
   static constexpr int np_for(int m, int /*col_bytes*/) { return m <= 2 ? 2 : 1; }
   using V = float32x4_t;
   static V zero() { return vdupq_n_f32(0.0f); }

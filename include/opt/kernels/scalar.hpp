@@ -12,6 +12,7 @@ struct Simd {
   static constexpr int W = 1;
   static constexpr int kMR = 1, kNP = 1;  // tile: 1 token x 1 panel (16 lanes unrolled; taller tiles cost compile time, not speed that matters here)
   static constexpr int kRegs = 1 << 20;   // not register-bound: no reordering needed
+  static constexpr int kBf16PairPanels = 0;  // bf16 weights widened one vector at a time (load_bf16)
   static constexpr int np_for(int, int) { return 1; }
   using V = float;
   static V zero() { return 0.0f; }
