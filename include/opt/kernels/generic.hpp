@@ -302,9 +302,10 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   // bf16 pairs (load_bf16_pair): kPU panels a pair, the pair's 2 vectors at element e = 0, 1 of the flattened
   // [p][v] from panel p (kPU 2: VP 1, the panels p and p + 1; kPU 1: VP 2, panel p's two vectors); 0: not paired.
   // A 2-panel pair needs the panels adjacent in one group (the span below), so `paired` is known at run time.
-  constexpr int kPU = T == dtype::BF16 && kAllW && Simd::kBf16PairPanels > 0 && Simd::kBf16PairPanels * VP == 2 &&
-                              NP % Simd::kBf16PairPanels == 0 && kS % Simd::kBf16PairPanels == 0
-                          ? Simd::kBf16PairPanels
+  constexpr int kPairP = Simd::kBf16PairPanels > 0 ? Simd::kBf16PairPanels : 1;  // (no remainder by 0 below)
+  constexpr int kPU = T == dtype::BF16 && kAllW && Simd::kBf16PairPanels > 0 && kPairP * VP == 2 &&
+                              NP % kPairP == 0 && kS % kPairP == 0
+                          ? kPairP
                           : 0;
   const bool paired = kPU == 1 || (kPU == 2 && adjacent);
   const int64_t g = w.group;
@@ -401,7 +402,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         };
         if constexpr (kAllW) {
           V wv[NP][VP];
-          if constexpr (kPU > 0 && S % kPU == 0) {  // (S 1 with kPU 2: panels not adjacent, one at a time)
+          if constexpr (kPU > 0 && S % kPairP == 0) {  // (S 1 with kPU 2: panels not adjacent, one at a time)
             OPT_K_UNROLL
             for (int p = 0; p < NP; p += kPU) {
               V e, o;
