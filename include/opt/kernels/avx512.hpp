@@ -88,14 +88,15 @@ struct Simd {
   }
   // (even, odd) of load_bf16_pair's order to rows 0-15 of A, rows 0-15 of B; rows_to_bf16_pair the inverse
   static void bf16_pair_to_rows(V& a, V& b) {
-    const V r0 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), b);
-    const V r1 =
-        _mm512_permutex2var_ps(a, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31), b);
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const V r0 = _mm512_permutex2var_ps(a, lo, b), r1 = _mm512_permutex2var_ps(a, hi, b);
     a = r0, b = r1;
   }
   static void rows_to_bf16_pair(V& a, V& b) {
-    const V e = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
-    const V o = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const V e = _mm512_permutex2var_ps(a, ev, b), o = _mm512_permutex2var_ps(a, od, b);
     a = e, b = o;
   }
   // one I4 panel column (8 bytes: row j in byte j's low nibble, row j + 8 in its high one, each q + 8) to one

@@ -84,8 +84,8 @@ constexpr size_t panel_column_bytes(dtype t) noexcept {
 // Panels a packed matrix of type t interleaves column by column (PackedMatrix::group) when this build packs it,
 // so that a tile reading whole groups reads one sequential stream. A decode tile (1-4 tokens; AVX-512 16-bit
 // weights 1-6) reads 4 panels; a tile of 5-8 tokens or of prefill reads 2 (kernels/*.hpp: np_for, kNP), and where
-// that is half a group's column of 16-bit or f32 weights it reads every other cache line, which was slow. Measured on Zen 5 (2 threads,
-// paired rounds in one process, against panel after panel):
+// that is half a group's column of 16-bit or f32 weights it reads every other cache line, which was slow.
+// Measured on Zen 5 (2 threads, paired rounds in one process, against panel after panel):
 //   I8:   groups of 4: a decode token 0.82x, a 9-token pass (speculative verification) 1.04x;
 //         groups of 2: 0.89x and 0.96x
 //   BF16: groups of 4: opt-125m decode 0.91x, 9-token pass 1.14x; opt-1.3b 0.96x, 1.16x (17 tokens 1.13x);
