@@ -623,13 +623,17 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
     // whole group is taken in column chunks that stay in L1 (linear_group_chunks): in each chunk, tiles of 2
     // tokens (and 1) over the group's panels, the first reading the chunk from memory, the others from L1.
     // Float weights only: for I8 / I4 the 2-token tiles widen each weight n / 2 times, and an AVX2 batch-4 int8
-    // step took 1.06x as long (f32 0.93x, bf16 0.91x).
+    // step took 1.06x as long (f32 0.93x, bf16 0.91x). 16-bit weights take one tile of all n tokens over each
+    // panel of the chunk instead (each weight widened once): on the Intel machine with OPT_ISA=avx2 (opt-125m, 2
+    // threads, alternating runs) bf16 passes of 3 / 4 / 6 tokens took 12.9-13.2 / 13.7-13.9 / 15.5-15.7 ms against
+    // 13.6 / 14.0-14.2 / 17.0-17.4, f16 13.1-13.4 / 14.0-14.3 / 16.1-16.6 against 13.8-14.0 / 14.7 / 18.1-18.3.
     constexpr int kPieceNp = Simd::np_for(2, int(col_bytes_c(T)));
     if constexpr (kPieceNp >= 2 && !ops::has_scales(T)) {
       const int64_t G = w.group;  // 2, 4 or 8 panels: whole tiles of np_for(2) or np_for(1) panels, out holds it
-      // (ceil(n / 2) tiles of near-equal heights: 2 tokens each, the last 1 when n is odd)
+      // (f32: ceil(n / 2) tiles of near-equal heights, 2 tokens each, the last 1 when n is odd; 16-bit: one)
+      constexpr bool kOneTile = T == dtype::BF16 || T == dtype::F16;
       if (group == 1 && n >= 3 && (G == 2 || G == 4 || G == 8))
-        p0 = linear_group_chunks<T>(x, n, (n + 1) / 2, g, p0, p1, out);
+        p0 = linear_group_chunks<T>(x, n, kOneTile ? 1 : (n + 1) / 2, g, p0, p1, out);
     }
     for (int64_t p = p0; p < p1;) {
       const int np = p + group <= p1 ? group : group >= 4 && p + group / 2 <= p1 ? group / 2 : 1;
