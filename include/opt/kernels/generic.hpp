@@ -347,7 +347,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         for (int v = 0; v < VP; ++v)
           acc[m][p][v] = !kI8 && cont ? Simd::load(out + m * ldo + p * ps + v * W) : Simd::zero();
     if constexpr (kPU > 0)
-      if (!kI8 && cont && paired)
+      if (cont && paired)  // (bf16: float weights, the sums stored as they are)
         OPT_K_UNROLL
         for (int m = 0; m < MR; ++m)
           OPT_K_UNROLL
@@ -602,9 +602,10 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   // panels (AVX-512: a speculative pass of K + 1 rows, a batch of a few sequences, a short prompt): each whole
   // group of panels in column chunks (linear_group_chunks), ceil(n / kMR) (at least 2) tiles of near-equal heights
   // over each chunk. On the Intel machine (2 threads, passes over a 40-token cache) the blocks below (the first
-  // tile streaming 256 KiB, the others computing from L2 with the memory idle) took 1.05-1.4x as long: opt-1.3b bf16 9 / 12 / 16 rows 154-167 / 172-184 / 195-205 ms against
-  // 148-151 / 164-176 / 188-203 (8 rows: 110-120); opt-125m f32 9 / 16 / 17 / 20 / 32 rows 26.5-28 / 31-33 /
-  // 35.5-36.8 / 39-40 / 47.6-48.2 ms against 22-23.5 / 26-27 / 30.8-31.1 / 33.1-34.8 / 44.6-45.1. For f32 this
+  // tile streaming 256 KiB, the others computing from L2 with the memory idle) took 1.05-1.4x as long: opt-1.3b
+  // bf16 9 / 12 / 16 rows 154-167 / 172-184 / 195-205 ms against 148-151 / 164-176 / 188-203 (8 rows: 110-120);
+  // opt-125m f32 9 / 16 / 17 / 20 / 32 rows 26.5-28 / 31-33 / 35.5-36.8 / 39-40 / 47.6-48.2 ms against 22-23.5 /
+  // 26-27 / 30.8-31.1 / 33.1-34.8 / 44.6-45.1. For f32 this
   // beats one tile of 5-8 tokens streaming the weights as well (5 / 8 rows 21.5 / 24.5 ms against 20.6-20.9 /
   // 21-21.5); 16-bit weights, which each tile widens again, lose with it there (opt-1.3b bf16 5 / 8 rows 98 / 115
   // ms one tile, 124 / 143 two) and from 17 rows (17 / 24 rows 243 / 279-290 ms blocks, 254 / 297-310 chunks).
