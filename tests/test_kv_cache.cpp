@@ -157,12 +157,14 @@ TEST_CASE("F16 and BF16 caches: logits within the bound of the F32 cache's on ev
 }
 
 TEST_CASE("KvCache::reserve grows a cache and keeps what it holds: the same logits as a cache that had the room") {
-  for (opt::dtype t : kTypes) {
-    INFO(opt::to_string(t));
+  for (opt::dtype t : kTypes)
+  for (bool huge : {true, false}) {  // (4 KiB pages, as ModelDrafter's: the same values)
+    INFO(opt::to_string(t) << (huge ? " huge pages" : " 4 KiB pages"));
     const opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-odd"));
     opt::Workspace ws(2);
     const std::vector<int32_t> row = {2, 11, 12, 13, 40, 41, 40, 41, 7, 8, 9, 10};
-    opt::KvCache big(m.config(), 0, t), small(m.config(), 5, t);
+    opt::KvCache big(m.config(), 0, t), small(m.config(), 5, t, {}, huge);
+    CHECK(small.huge_pages() == huge);
     std::vector<float> want, got;
     for (size_t j = 0; j < row.size(); ++j) {
       opt::LogitsView a = m.forward({{&big, row.data() + j, 1}}, ws);
@@ -173,6 +175,7 @@ TEST_CASE("KvCache::reserve grows a cache and keeps what it holds: the same logi
     }
     CHECK(small.capacity() == 14);
     CHECK(small.size() == int64_t(row.size()));
+    CHECK(small.huge_pages() == huge);  // reserve keeps the choice
     CHECK(got == want);
     small.reserve(m.config(), 3);  // has the room: nothing changes
     CHECK(small.capacity() == 14);
