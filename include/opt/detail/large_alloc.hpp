@@ -31,7 +31,7 @@ inline std::size_t huge_round(std::size_t bytes) noexcept { return (bytes + kHug
 
 // `bytes` of memory aligned to at least `align` (<= 2 MiB), zeroed when it is a mapping (bytes >=
 // kLargeAllocation on Linux); std::bad_alloc when there is none. huge = false: the mapping gets no huge-page
-// hint (KV caches, lazy_allocator below).
+// hint (LazyAllocator below: a KV cache made with huge_pages = false).
 inline void* large_alloc(std::size_t bytes, std::size_t align, bool huge = true) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (bytes >= kLargeAllocation) {
