@@ -647,8 +647,12 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   // The tokens go in ceil(n / kMR) tiles of near-equal heights (9 -> 5 + 4, not 8 + 1: a speculative pass's K + 1
   // rows), each over the panels np_for(its height) at a time (kNP for full ones): a 1-token tile over 2 panels
   // keeps 2 FMA chains in flight, and 9 tokens of opt-1.3b bf16 took 1.47x as long as 8 (AVX-512, Zen 5).
-  constexpr int64_t kNP = Simd::kNP;
   const int64_t tiles = (n + Simd::kMR - 1) / Simd::kMR;
+  // panels of a block: ~256 KiB of weights of panel_bytes a panel, whole tiles of kNP panels
+  const auto block_of = [](int64_t panel_bytes) {
+    constexpr int64_t kNP = Simd::kNP;
+    return std::max<int64_t>(kNP, (int64_t(256) * 1024 / std::max<int64_t>(1, panel_bytes)) / kNP * kNP);
+  };
   // f16 weights in passes of 16 tiles or more (prefill): each block is widened once into f32 panels (exact: every
   // ISA's f16 conversion gives the same value) and the f32 tiles run over it, instead of every tile widening every
   // weight again (vcvtph2ps: two of the FMA ports' slots a vector on Intel). The same values in the same FMA
@@ -659,8 +663,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   // have their own block-wise chains.)
   if constexpr (T == dtype::F16) {
     if (tiles >= 16) {
-      const int64_t f32_panel_bytes = std::max<int64_t>(1, K * col_bytes_c(dtype::F32));
-      const int64_t block = std::max<int64_t>(kNP, (int64_t(256) * 1024 / f32_panel_bytes) / kNP * kNP);
+      const int64_t block = block_of(K * col_bytes_c(dtype::F32));  // (of the widened panels)
       thread_local ops::aligned_vector<float> wide;
       if (wide.size() < size_t(block * K * P)) wide.assign(size_t(block * K * P), 0.0f);
       for (int64_t b0 = p0; b0 < p1; b0 += block) {
@@ -692,8 +695,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
       return;
     }
   }
-  const int64_t panel_bytes = std::max<int64_t>(1, K * col_bytes_c(T));
-  const int64_t block = std::max<int64_t>(kNP, (int64_t(256) * 1024 / panel_bytes) / kNP * kNP);
+  const int64_t block = block_of(K * col_bytes_c(T));
   for (int64_t b0 = p0; b0 < p1; b0 += block)
     linear_block_tiles<T>(x, n, tiles, block, g, w, 0, b0, std::min(p1, b0 + block), out, true);
 }
