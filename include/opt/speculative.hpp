@@ -155,7 +155,9 @@ struct SpeculativeOptions {
   // tokens per unit of time by a cost model: the acceptance rate a (each proposal kept with probability a, as
   // estimated from the latest passes) makes a pass of k proposals yield (1 - a^(k+1)) / (1 - a) tokens, and costs
   // k draft tokens (Drafter::token_cost; for a greedy sequence, once timed, the drafter's measured time per token
-  // over the measured plain step) plus a verification of k + 1 rows, max(1, (k + 1) / verify_rows) plain steps.
+  // over the measured plain step) plus a verification of k + 1 rows: max(1, (k + 1) / verify_rows) plain steps
+  // until passes are timed, then the timed passes of k + 1 rows (others scaled from the nearest timed length);
+  // a pass that keeps all its proposals tries one more when that length was never timed.
   // After a pass that accepted nothing K is 1, and after 3 of them in a row drafting pauses for a while (2, 4, ...
   // up to 32 plain steps), so a drafter that never guesses right costs little more than plain decoding; drafting
   // pauses the same way when the best K makes fewer tokens per step than plain decoding (a drafter that guesses
@@ -164,8 +166,8 @@ struct SpeculativeOptions {
   // proposals was slower than plain decoding: 9-row passes cost ~1.9 steps on Zen 5.)
   bool adaptive = true;
   // Rows one verification pass takes for about the cost of a plain step (the pass reads the weights once; past
-  // this many rows its arithmetic shows). 0 (the default): verify_rows_for(target), by the kernels in use and the
-  // target's weight type; else >= 1.
+  // this many rows its arithmetic shows): adaptive K's prior, before passes are timed. 0 (the default):
+  // verify_rows_for(target), by the kernels in use and the target's weight type; else >= 1.
   double verify_rows = 0.0;
   // A proposed token's cost in plain steps; < 0: the drafter's own estimate (Drafter::token_cost).
   double draft_cost = -1.0;
@@ -211,14 +213,18 @@ namespace detail {
 struct DraftLength {
   int64_t max_k, k, misses = 0, pause = 0, backoff = 2;
   bool adaptive;
-  double cost, rows;   // a draft token's cost and the rows a verification takes for one step's
+  // a draft token's cost in plain steps, and the rows a verification takes for one step's (the prior of verify())
+  double cost, rows;
   double kept = 0, trials = 0;  // proposals kept, and kept + rejected ones, of the latest passes (decayed)
-  // measured times (observe()), decayed sums and their weights: a draft token's ms, a plain step's ms
-  double draft_ms = 0, draft_w = 0, step_ms = 0, step_w = 0;
+  // measured times (observe()), decayed sums and their weights: a draft token's ms, and a pass's ms by its rows
+  // (index m: passes of m rows, 1 .. max_k + 1)
+  double draft_ms = 0, draft_w = 0;
+  std::vector<double> pass_ms, pass_w;
   static constexpr double kDecay = 0.8;  // each pass weighs 0.8 of the one after it
   DraftLength(int64_t kmax, bool adapt, double draft_cost = 0.0, double verify_rows = 4.0)
       : max_k(kmax), k(std::min<int64_t>(kmax, 4)), adaptive(adapt), cost(std::max(0.0, draft_cost)),
-        rows(std::max(1.0, verify_rows)) {}
+        rows(std::max(1.0, verify_rows)), pass_ms(size_t(std::max<int64_t>(kmax, 0) + 2), 0.0),
+        pass_w(pass_ms.size(), 0.0) {}
   int64_t next() {
     if (!adaptive) return max_k;
     if (pause > 0) {
@@ -229,10 +235,31 @@ struct DraftLength {
   }
   // The estimated chance that a proposal is kept (kept + 1/2) / (trials + 1).
   double acceptance() const { return (kept + 0.5) / (trials + 1.0); }
+  // The prior cost of a pass of m rows in plain steps: it reads the weights once, and past `rows` rows its
+  // arithmetic shows.
+  double prior(int64_t m) const { return std::max(1.0, double(m) / rows); }
+  bool measured(int64_t m) const { return m >= 1 && size_t(m) < pass_w.size() && pass_w[size_t(m)] > 0; }
+  // A pass of m rows in ms: measured, else from the measured row count nearest below m (else above) by the prior;
+  // 0 when no pass was measured.
+  double pass_estimate(int64_t m) const {
+    if (measured(m)) return pass_ms[size_t(m)] / pass_w[size_t(m)];
+    const int64_t n = int64_t(pass_w.size());
+    for (int64_t d = 1; d < n; ++d) {
+      for (const int64_t m0 : {m - d, m + d})
+        if (measured(m0)) return pass_ms[size_t(m0)] / pass_w[size_t(m0)] * prior(m) / prior(m0);
+    }
+    return 0.0;
+  }
+  // A verification of m rows in plain steps: measured passes over the (estimated) 1-row pass where some pass was
+  // timed, else the prior.
+  double verify(int64_t m) const {
+    const double one = pass_estimate(1);
+    return one > 0 ? std::max(1.0, pass_estimate(m) / one) : prior(m);
+  }
   // Tokens a pass of n proposals yields when each is kept with probability a, per plain step it costs.
   double rate(int64_t n, double a) const {
     const double tokens = a >= 1.0 ? double(n + 1) : (1.0 - std::pow(a, double(n + 1))) / (1.0 - a);
-    return tokens / (cost * double(n) + std::max(1.0, double(n + 1) / rows));
+    return tokens / (cost * double(n) + verify(n + 1));
   }
   int64_t best() const {
     const double a = acceptance();
@@ -244,24 +271,36 @@ struct DraftLength {
   // What a pass took: the drafter's time for `drafted` proposals (draft_ms_total < 0: not measured, as for a pass
   // whose drafter first caught up with a prompt or a pause), and the model pass of `pass_rows` rows of this
   // sequence (in a Batch, the shared pass). Once both are known, cost is the measured draft token over the
-  // measured plain step (a pass of m rows counted as max(1, m / rows) steps), in place of the drafter's estimate:
-  // an int4 self-draft of opt-6.7b bf16 reads 0.27 of the bytes but its steps took more than that.
-  void observe(double draft_ms_total, int64_t drafted, double pass_ms, int64_t pass_rows) {
-    if (!adaptive || !(pass_ms > 0) || pass_rows < 1) return;
-    step_ms = kDecay * step_ms + pass_ms / std::max(1.0, double(pass_rows) / rows);
-    step_w = kDecay * step_w + 1.0;
+  // (estimated) 1-row pass, in place of the drafter's estimate (an int4 self-draft of opt-6.7b bf16 reads 0.27 of
+  // the bytes but its steps took more than that), and verify() uses the measured passes in place of the prior
+  // (on the Intel machine, opt-1.3b bf16, passes of 5 / 6 / 8 rows took ~1.04 / 1.09 / 1.33 steps, where the
+  // prior for AVX-512 bf16, 4 rows a step, says 1.25 / 1.5 / 2).
+  void observe(double draft_ms_total, int64_t drafted, double pass_ms_total, int64_t pass_rows) {
+    if (!adaptive || !(pass_ms_total > 0) || pass_rows < 1) return;
+    if (size_t(pass_rows) < pass_ms.size()) {
+      pass_ms[size_t(pass_rows)] = kDecay * pass_ms[size_t(pass_rows)] + pass_ms_total;
+      pass_w[size_t(pass_rows)] = kDecay * pass_w[size_t(pass_rows)] + 1.0;
+    }
     if (draft_ms_total >= 0 && drafted > 0) {
       draft_ms = kDecay * draft_ms + draft_ms_total / double(drafted);
       draft_w = kDecay * draft_w + 1.0;
     }
-    if (draft_w > 0 && step_w > 0) cost = (draft_ms / draft_w) / (step_ms / step_w);
+    const double one = pass_estimate(1);
+    if (draft_w > 0 && one > 0) cost = (draft_ms / draft_w) / one;
   }
   void update(int64_t proposed, int64_t accepted) {
     if (!adaptive || proposed == 0) return;
     kept = kDecay * kept + double(accepted);
     trials = kDecay * trials + double(accepted) + (accepted < proposed ? 1.0 : 0.0);
-    if (accepted == 0) k = 1, ++misses;
-    else k = best(), misses = 0;
+    bool explore = false;
+    if (accepted == 0) {
+      k = 1, ++misses;
+    } else {
+      k = best(), misses = 0;
+      // a pass that kept every proposal tries one more where a pass of that length was never timed (once timed,
+      // verify() knows it): the prior may price longer passes too high on this machine
+      explore = accepted == proposed && k < max_k && measured(k + 1) && !measured(k + 2);
+    }
     if (misses >= 3) {
       pause = backoff, backoff = std::min<int64_t>(32, backoff * 2), misses = 0;
     } else if (accepted > 0 && rate(k, acceptance()) < 1.0) {
@@ -269,6 +308,7 @@ struct DraftLength {
       pause = backoff, backoff = std::min<int64_t>(32, backoff * 2);
     } else if (accepted == proposed) {
       backoff = 2;
+      if (explore) ++k;
     }
   }
 };
