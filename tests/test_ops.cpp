@@ -97,7 +97,7 @@ TEST_CASE("every panel grouping gives the same bits; pack() interleaves groups o
   for_each_isa([&](opt::kernels::isa) {
     for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8, opt::dtype::I4})
       for (int64_t K : {17, 256, 1100})
-        for (int64_t R : {18, 100, 130}) {
+        for (int64_t R : {18, 100, 130, 260}) {
           W w = make(t, R, K, uint32_t(K * 31 + R));
           CHECK(w.ref.group == opt::ops::panel_group(t));
           for (int64_t g : {1, 2, 3, 4, 5}) {
@@ -362,13 +362,14 @@ TEST_CASE("every kernel gives the scalar kernels' bits on every ISA") {
   auto compute = [&]() {
     std::vector<float> all;
     auto put = [&](const std::vector<float>& v) { all.insert(all.end(), v.begin(), v.end()); };
-    // linear: every weight type, tile heights 1..13 tokens, row tails, every epilogue and activation
+    // linear: every weight type, tile heights 1..13 tokens, row tails, every epilogue and activation (300 rows:
+    // one-token integer tiles over 8 panels where the ISA takes them, with 4-panel and 1-panel tails)
     const opt::activation acts[] = {opt::activation::relu, opt::activation::gelu, opt::activation::gelu_new,
                                     opt::activation::silu, opt::activation::quick_gelu, opt::activation::tanh,
                                     opt::activation::sigmoid};
     for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8, opt::dtype::I4})
       for (int64_t K : {7, 64, 300})
-        for (int64_t R : {5, 16, 37})
+        for (int64_t R : {5, 16, 37, 300})
           for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
             W w = make(t, R, K, uint32_t(K + R));
             std::vector<float> x = randu(size_t(n * K), uint32_t(n), 2.0f), b = randu(size_t(R), 4);

@@ -23,6 +23,7 @@ struct Simd {
   static constexpr int kMR = 6, kNP = 1;  // 6 tokens x 1 panel: 12 accumulators of the 16 registers
   static constexpr int kRegs = 16;
   static constexpr int np_for(int m, int /*col_bytes*/) { return m == 1 ? 4 : m == 2 ? 2 : 1; }
+  static constexpr int kIntDecodeNp = 0;  // (np_for for every decode tile: see avx512.hpp)
   using V = __m256;
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }

@@ -40,6 +40,12 @@ struct Simd {
   // rows 9.6-10.5 / 9.9-10.2 against 11.3 / 11.4-11.6; at 7 and 8 rows (the weights one panel at a time) 4 panels
   // were no faster.
   static constexpr int np_for(int m, int col_bytes) { return m <= 4 || (m <= 6 && col_bytes == 32) ? 4 : 2; }
+  // Panels of a one-token tile of integer weights where the CPU is Intel's (generic.hpp decode_np): 8, two streams
+  // of 4-panel groups, where np_for's 4 read one. On the Intel machine (2 threads, opt-1.3b, one-row passes over
+  // a 40-token cache, 3 x 4 alternating runs) int8 took 48-54 ms against 52-57 (int4 38-43 against 39-45; 16
+  // panels, whose weights no longer fit the registers, 57-59); an out-of-cache int8 GEMV (8192 x 2048, 2 threads)
+  // read 29-30 GB/s against 27-28. On Zen 5, 4 panels took 0.96-0.975x the time of 8 (above): 4 there.
+  static constexpr int kIntDecodeNp = 8;
   using V = __m512;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }

@@ -489,11 +489,23 @@ inline void tile_m(int np, const float* x, int64_t ldx, int64_t K, const PackedM
   if constexpr (Simd::kNP > 1 && Simd::kNP != NPm) {  // full prefill tiles, and short ones in a block (linear_panels)
     if (np == Simd::kNP) return tile<T, M, Simd::kNP, kRange>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
   }
+  if constexpr (M == 1 && Simd::kIntDecodeNp > 0 && ops::has_scales(T)) {  // (decode_np)
+    if (np == Simd::kIntDecodeNp) return tile<T, 1, Simd::kIntDecodeNp, kRange>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
+  }
   // the last panels of a decode chunk that holds fewer than NPm (a matrix whose panels are not a multiple of it)
   if constexpr (M <= 2 && NPm >= 4) {
     if (np == NPm / 2) return tile<T, M, NPm / 2, kRange>(x, ldx, K, w, p0, out, ldo, ps, pf, cr);
   }
   for (int q = 0; q < np; ++q) tile<T, M, 1, kRange>(x, ldx, K, w, p0 + q, out + q * ps, ldo, ps, pf, cr);
+}
+
+// Panels of a decode tile of n tokens: Simd::np_for, or for one token of integer weights on Intel
+// Simd::kIntDecodeNp where the ISA has it (two streams of panel groups: see avx512.hpp).
+template <dtype T>
+inline int decode_np(int64_t n) {
+  if constexpr (Simd::kIntDecodeNp > 0 && ops::has_scales(T))
+    if (n == 1 && on_intel()) return Simd::kIntDecodeNp;
+  return Simd::np_for(int(n), int(col_bytes_c(T)));
 }
 
 template <dtype T, bool kRange = false>
@@ -618,7 +630,7 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
   }
   if (p0 == p1) return;
   if (n <= Simd::kMR) {
-    const int group = Simd::np_for(int(n), int(col_bytes_c(T)));
+    const int group = decode_np<T>(n);
     // One-panel tiles (AVX2 and NEON, 3 tokens and more) would read a panel group one panel at a time, each tile
     // a pass over the group from memory or L2 (an AVX2 batch-4 f32 step took 1.6-1.8x a batch-1 step). Instead a
     // whole group is taken in column chunks that stay in L1 (linear_group_chunks): in each chunk, tiles of 2

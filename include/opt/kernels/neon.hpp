@@ -18,6 +18,7 @@ struct Simd {
   static constexpr int kRegs = 32;
   static constexpr int kBf16PairPanels = 0;  // bf16 weights widened one vector at a time (load_bf16)
   static constexpr int np_for(int m, int /*col_bytes*/) { return m <= 2 ? 2 : 1; }
+  static constexpr int kIntDecodeNp = 0;  // (np_for for every decode tile: see avx512.hpp)
   using V = float32x4_t;
   static V zero() { return vdupq_n_f32(0.0f); }
   static V set1(float v) { return vdupq_n_f32(v); }

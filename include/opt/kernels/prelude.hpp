@@ -84,9 +84,15 @@ inline F32Prefetch parse_f32_prefetch(const char* value, bool intel) {
   return r;
 }
 
+// cpu_is_intel(), asked once.
+inline bool on_intel() {
+  static const bool intel = cpu_is_intel();
+  return intel;
+}
+
 // This process's choice, made once (a config_error, on every call, while OPT_PREFETCH_F32 is bad).
 inline const F32Prefetch& f32_prefetch() {
-  static const F32Prefetch p = parse_f32_prefetch(std::getenv("OPT_PREFETCH_F32"), cpu_is_intel());
+  static const F32Prefetch p = parse_f32_prefetch(std::getenv("OPT_PREFETCH_F32"), on_intel());
   return p;
 }
 

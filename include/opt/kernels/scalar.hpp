@@ -14,6 +14,7 @@ struct Simd {
   static constexpr int kRegs = 1 << 20;   // not register-bound: no reordering needed
   static constexpr int kBf16PairPanels = 0;  // bf16 weights widened one vector at a time (load_bf16)
   static constexpr int np_for(int, int) { return 1; }
+  static constexpr int kIntDecodeNp = 0;  // (np_for for every decode tile: see avx512.hpp)
   using V = float;
   static V zero() { return 0.0f; }
   static V set1(float v) { return v; }
