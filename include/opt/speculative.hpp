@@ -216,15 +216,21 @@ struct DraftLength {
   // a draft token's cost in plain steps, and the rows a verification takes for one step's (the prior of verify())
   double cost, rows;
   double kept = 0, trials = 0;  // proposals kept, and kept + rejected ones, of the latest passes (decayed)
-  // measured times (observe()), decayed sums and their weights: a draft token's ms, and a pass's ms by its rows
-  // (index m: passes of m rows, 1 .. max_k + 1)
-  double draft_ms = 0, draft_w = 0;
-  std::vector<double> pass_ms, pass_w;
   static constexpr double kDecay = 0.8;  // each pass weighs 0.8 of the one after it
+  // A decayed mean of measured times: each new value weighs 1, the ones before kDecay times what they weighed.
+  struct Decayed {
+    double sum = 0, weight = 0;
+    void add(double v) { sum = kDecay * sum + v, weight = kDecay * weight + 1.0; }
+    bool any() const { return weight > 0; }
+    double mean() const { return sum / weight; }
+  };
+  // measured times (observe()): a draft token's ms, and a pass's ms by its rows (index m: passes of m rows,
+  // 1 .. max_k + 1)
+  Decayed draft_ms;
+  std::vector<Decayed> pass_ms;
   DraftLength(int64_t kmax, bool adapt, double draft_cost = 0.0, double verify_rows = 4.0)
       : max_k(kmax), k(std::min<int64_t>(kmax, 4)), adaptive(adapt), cost(std::max(0.0, draft_cost)),
-        rows(std::max(1.0, verify_rows)), pass_ms(size_t(std::max<int64_t>(kmax, 0) + 2), 0.0),
-        pass_w(pass_ms.size(), 0.0) {}
+        rows(std::max(1.0, verify_rows)), pass_ms(size_t(std::max<int64_t>(kmax, 0) + 2)) {}
   int64_t next() {
     if (!adaptive) return max_k;
     if (pause > 0) {
@@ -238,15 +244,15 @@ struct DraftLength {
   // The prior cost of a pass of m rows in plain steps: it reads the weights once, and past `rows` rows its
   // arithmetic shows.
   double prior(int64_t m) const { return std::max(1.0, double(m) / rows); }
-  bool measured(int64_t m) const { return m >= 1 && size_t(m) < pass_w.size() && pass_w[size_t(m)] > 0; }
+  bool measured(int64_t m) const { return m >= 1 && size_t(m) < pass_ms.size() && pass_ms[size_t(m)].any(); }
   // A pass of m rows in ms: measured, else from the measured row count nearest below m (else above) by the prior;
   // 0 when no pass was measured.
   double pass_estimate(int64_t m) const {
-    if (measured(m)) return pass_ms[size_t(m)] / pass_w[size_t(m)];
-    const int64_t n = int64_t(pass_w.size());
+    if (measured(m)) return pass_ms[size_t(m)].mean();
+    const int64_t n = int64_t(pass_ms.size());
     for (int64_t d = 1; d < n; ++d) {
       for (const int64_t m0 : {m - d, m + d})
-        if (measured(m0)) return pass_ms[size_t(m0)] / pass_w[size_t(m0)] * prior(m) / prior(m0);
+        if (measured(m0)) return pass_ms[size_t(m0)].mean() * prior(m) / prior(m0);
     }
     return 0.0;
   }
@@ -277,16 +283,10 @@ struct DraftLength {
   // prior for AVX-512 bf16, 4 rows a step, says 1.25 / 1.5 / 2).
   void observe(double draft_ms_total, int64_t drafted, double pass_ms_total, int64_t pass_rows) {
     if (!adaptive || !(pass_ms_total > 0) || pass_rows < 1) return;
-    if (size_t(pass_rows) < pass_ms.size()) {
-      pass_ms[size_t(pass_rows)] = kDecay * pass_ms[size_t(pass_rows)] + pass_ms_total;
-      pass_w[size_t(pass_rows)] = kDecay * pass_w[size_t(pass_rows)] + 1.0;
-    }
-    if (draft_ms_total >= 0 && drafted > 0) {
-      draft_ms = kDecay * draft_ms + draft_ms_total / double(drafted);
-      draft_w = kDecay * draft_w + 1.0;
-    }
+    if (size_t(pass_rows) < pass_ms.size()) pass_ms[size_t(pass_rows)].add(pass_ms_total);
+    if (draft_ms_total >= 0 && drafted > 0) draft_ms.add(draft_ms_total / double(drafted));
     const double one = pass_estimate(1);
-    if (draft_w > 0 && one > 0) cost = (draft_ms / draft_w) / one;
+    if (draft_ms.any() && one > 0) cost = draft_ms.mean() / one;
   }
   void update(int64_t proposed, int64_t accepted) {
     if (!adaptive || proposed == 0) return;
