@@ -313,6 +313,17 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   // when the tile reads whole groups from end to end (not the column chunks of AVX2's and NEON's 3-6 token
   // steps: with 512 bytes there, on Intel, an AVX2 batch-4 f32 step took 1.05-1.07x as long)
   int64_t ahead_cols = prefetch_distance(T) / kColBytes;
+  // Intel's one-token I8 tiles over two streams (Simd::kIntDecodeNp), in matrices of 4 MiB and more: 2 KiB of each
+  // stream ahead, not 128 columns (8 KiB of a 4-panel stream). On the Intel machine (AVX-512, 2 threads,
+  // alternating runs): opt-1.3b int8 one-row passes over a 40-token cache (its matrices 4-103 MB) took 0.93-0.97x
+  // the time with 32 columns (48-51 ms against 51-54), 64 0.96x, 16 0.99x, 256 1.02x, 512 1.05x, and a
+  // micro-benchmark of two int8 streams a thread (convert and FMA, 2 threads, 1 GiB) read 34-36 GB/s 2 KiB ahead
+  // against 32-34 with 8 KiB; but opt-125m int8 decode (matrices of 0.6-2.4 MB, and a 39 MB LM head) took ~1.05x
+  // as long with 32 columns everywhere (4.2-4.6 ms against 4.1-4.3), and about as long as before with them only
+  // from 4 MiB. I4 (its 128 columns: 4 KiB of a stream) showed no difference (opt-1.3b int4 passes 40-43 ms either
+  // way) and keeps them.
+  if constexpr (MR == 1 && NP == Simd::kIntDecodeNp && T == dtype::I8)
+    if (w.value_bytes() >= (size_t(4) << 20)) ahead_cols = 2048 / (kS * kColBytes);
   if constexpr (T == dtype::F32 && !kRange) {
     const int64_t sb = f32_prefetch().stream_bytes;
     if (sb > 0 && NP >= g) ahead_cols = std::max<int64_t>(1, sb / (g * kColBytes));
@@ -321,9 +332,12 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   const int64_t b0 = kI8 ? k0 / B : 0;
   // I8 / I4 scales: each panel's kPanel floats a block, a stream of their own beside the weights. With pf they
   // are asked for kScaleAhead blocks ahead (each block ends on them: unasked, an I8 decode tile spent ~20% of its
-  // samples waiting on the scales' loads, opt-125m on Zen 5).
+  // samples waiting on the scales' loads, opt-125m on Zen 5). 8 blocks, not 2: on the Intel machine (AVX-512, 2
+  // threads) an out-of-cache int8 GEMV (six 65536 x 2048 matrices in turn) streamed 28.7-30.1 GB/s against
+  // 27.2-28.0 (4: 28.4-28.6, 16-32: 27.8-28.9; no scales at all: 29.5-30.9), an opt-1.3b int8 one-row pass took
+  // ~0.98x as long. (Scales inline in the weights' stream, after each block, measured no faster in the library.)
   const float* sc[NP];
-  constexpr int64_t kScaleAhead = 2;
+  constexpr int64_t kScaleAhead = 8;
   const int64_t b_end = b0 + nb;
   if constexpr (kI8) {
     OPT_K_UNROLL
