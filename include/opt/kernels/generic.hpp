@@ -313,17 +313,18 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
   // when the tile reads whole groups from end to end (not the column chunks of AVX2's and NEON's 3-6 token
   // steps: with 512 bytes there, on Intel, an AVX2 batch-4 f32 step took 1.05-1.07x as long)
   int64_t ahead_cols = prefetch_distance(T) / kColBytes;
-  // Intel's one-token I8 tiles over two streams (Simd::kIntDecodeNp), in matrices of 4 MiB and more: 2 KiB of each
-  // stream ahead, not 128 columns (8 KiB of a 4-panel stream). On the Intel machine (AVX-512, 2 threads,
-  // alternating runs): opt-1.3b int8 one-row passes over a 40-token cache (its matrices 4-103 MB) took 0.93-0.97x
-  // the time with 32 columns (48-51 ms against 51-54), 64 0.96x, 16 0.99x, 256 1.02x, 512 1.05x, and a
-  // micro-benchmark of two int8 streams a thread (convert and FMA, 2 threads, 1 GiB) read 34-36 GB/s 2 KiB ahead
-  // against 32-34 with 8 KiB; but opt-125m int8 decode (matrices of 0.6-2.4 MB, and a 39 MB LM head) took ~1.05x
-  // as long with 32 columns everywhere (4.2-4.6 ms against 4.1-4.3), and about as long as before with them only
-  // from 4 MiB. I4 (its 128 columns: 4 KiB of a stream) showed no difference (opt-1.3b int4 passes 40-43 ms either
-  // way) and keeps them.
+  // Intel's one-token I8 tiles over two streams (Simd::kIntDecodeNp), in matrices of 4 MiB and more: the
+  // prefetch distance (2 KiB) in the bytes a column of the tile's streams advances (cs: a 4-panel group's 64), not
+  // in one panel's (128 columns: 8 KiB of a 4-panel stream). On the Intel machine (AVX-512, 2 threads, alternating
+  // runs): opt-1.3b int8 one-row passes over a 40-token cache (its matrices 4-103 MB) took 0.93-0.97x the time
+  // with 32 columns (48-51 ms against 51-54), 64 0.96x, 16 0.99x, 256 1.02x, 512 1.05x, and a micro-benchmark of
+  // two int8 streams a thread (convert and FMA, 2 threads, 1 GiB) read 34-36 GB/s 2 KiB ahead against 32-34 with
+  // 8 KiB; but opt-125m int8 decode (matrices of 0.6-2.4 MB, and a 39 MB LM head) took ~1.05x as long with 32
+  // columns everywhere (4.2-4.6 ms against 4.1-4.3), and about as long as before with them only from 4 MiB. I4
+  // (its 128 columns: 4 KiB of a stream) showed no difference (opt-1.3b int4 passes 40-43 ms either way) and
+  // keeps them.
   if constexpr (MR == 1 && NP == Simd::kIntDecodeNp && T == dtype::I8)
-    if (w.value_bytes() >= (size_t(4) << 20)) ahead_cols = 2048 / (kS * kColBytes);
+    if (w.value_bytes() >= (size_t(4) << 20)) ahead_cols = std::max<int64_t>(1, prefetch_distance(T) / cs[0]);
   if constexpr (T == dtype::F32 && !kRange) {
     const int64_t sb = f32_prefetch().stream_bytes;
     if (sb > 0 && NP >= g) ahead_cols = std::max<int64_t>(1, sb / (g * kColBytes));
