@@ -13,7 +13,7 @@
 // Workloads: "prompt" (a 7-token prompt) and "repeat" (a prompt that repeats a 12-token phrase three times).
 // Both outputs are checked equal to plain decoding's before a figure is printed.
 // --model=NAME / OPT_BENCH_MODEL, --format=f32|f16|bf16 / OPT_BENCH_FORMAT, --new=N / OPT_BENCH_NEW (default 32),
-// --k=K / OPT_BENCH_K (default 4); every figure is the median of OPT_BENCH_REPS (default 3) runs.
+// --k=K / OPT_BENCH_K (default 5, SpeculativeOptions::draft_tokens); every figure is the median of OPT_BENCH_REPS (default 3) runs.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -41,7 +41,7 @@ double median(std::vector<double> v) {
 }
 
 std::string g_model = "opt-1.3b", g_format = "bf16";
-int g_new = 32, g_k = 4, g_reps = 3;
+int g_new = 32, g_k = 5, g_reps = 3;
 
 std::filesystem::path checkpoint(const std::string& shape, const std::string& type) {
   const char* e = std::getenv("OPT_BENCH_DIR");

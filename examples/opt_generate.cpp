@@ -13,7 +13,7 @@
 //
 //   Speculative decoding (greedy: the output is exactly plain decoding's; sampling: the same distribution, the same
 //   output for the same seed): --draft DIR (a draft model with the same vocabulary), --draft-self int8|int4 (the
-//   model's own weights quantized) or --lookup N (prompt lookup with n-grams up to N), --draft-tokens K (default 4);
+//   model's own weights quantized) or --lookup N (prompt lookup with n-grams up to N), --draft-tokens K (default 5);
 //   --stats adds the acceptance rate and tokens per pass.
 //
 //   Built with -DOPT_MPI=ON, `mpirun -np N opt-generate ...` (the same flags) splits the decoder layers over N

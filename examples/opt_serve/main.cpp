@@ -30,7 +30,7 @@
 //
 // Speculative decoding (the flags of opt-generate): --lookup N (prompt lookup, n-grams up to N), --draft-self
 // int8|int4 (the model's own weights quantized) or --draft DIR (a draft model with the same vocabulary), with
-// --draft-tokens K (default 4, adaptive). Every sequence then speculates inside the shared batch step (a request
+// --draft-tokens K (default 5, adaptive). Every sequence then speculates inside the shared batch step (a request
 // opts out with "speculative": false, in /generate and /v1/completions). Greedy answers are exactly the same as
 // without the flag; a seeded sampling answer is the same on every run and in any batch, drawn from the same
 // distribution as without the flag but with draws of its own (opt out to get the plain sampler's draws).
