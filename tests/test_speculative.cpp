@@ -279,6 +279,32 @@ TEST_CASE("adaptive K: starts at min(K, 4), then the length the cost model prefe
   CHECK(fixed.next() == 16);
 }
 
+TEST_CASE("adaptive K: a length priced by one slow pass is timed again once that timing is stale") {
+  // Zen 5-like passes (plain steps by rows: 5 rows 1.02, 6 rows 1.0, 7 rows 1.17), drafts at 0.53 of a step, every
+  // proposal kept, and the first pass (5 rows, K 4) timed at 1.5 times its cost, as a first pass after the prompt
+  // can be. Without retiming, K stays at 3 for good; with it, K reaches 5 and keeps it, trying 6 again now and then.
+  const auto steps = [](int64_t m) {
+    static const double t[] = {0, 1.0, 1.0, 1.0, 1.0, 1.02, 1.0, 1.17, 1.6, 1.7};
+    return m < 10 ? t[m] : 0.2 * double(m);
+  };
+  opt::detail::DraftLength dl(8, true, 0.53, 4.0);
+  std::vector<int64_t> ks;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t k = dl.next();
+    ks.push_back(k);
+    dl.observe(5.3 * double(k), k, 10.0 * (i == 0 ? 1.5 : 1.0) * steps(k + 1), k + 1);
+    dl.update(k, k);
+  }
+  CHECK(ks[0] == 4);
+  CHECK(ks[1] == 3);  // priced by the slow first pass
+  CHECK(std::count(ks.begin(), ks.begin() + 2 + opt::detail::DraftLength::kStale, 3) ==
+        opt::detail::DraftLength::kStale);
+  // the last 20 passes: 5, with 6 tried at most once in kStale + 1 passes
+  CHECK(std::all_of(ks.begin() + 20, ks.end(), [](int64_t k) { return k == 5 || k == 6; }));
+  CHECK(std::count(ks.begin() + 20, ks.end(), 6) <= 20 / (opt::detail::DraftLength::kStale + 1) + 1);
+  CHECK(std::count(ks.begin() + 20, ks.end(), 5) >= 16);
+}
+
 TEST_CASE("a model drafter's token cost is its decode bytes over the target's") {
   const opt::Model m = opt::Model::load(opt_test::fixture_dir("opt-tiny-odd"));
   opt::LoadOptions lo;

@@ -232,9 +232,18 @@ struct DraftLength {
   // 1 .. max_k + 1)
   Decayed draft_ms;
   std::vector<Decayed> pass_ms;
+  // observe() calls so far, and the call at which passes of m rows were last timed (index m)
+  int64_t timed = 0;
+  std::vector<int64_t> timed_at;
+  // passes after which a length's timing is old enough to be taken again, and then replaced (a length priced by
+  // one slow pass, the first after the prompt say, would otherwise never be tried again: on Zen 5, opt-1.3b bf16
+  // with an int8 self-draft and K <= 8, adaptive K sat at 3 for ~10 passes on a first 5-row pass timed at 1.13
+  // steps, where later ones took 1.02)
+  static constexpr int64_t kStale = 6;
   DraftLength(int64_t kmax, bool adapt, double draft_cost = 0.0, double verify_rows = 4.0)
       : max_k(kmax), k(std::min<int64_t>(kmax, 4)), adaptive(adapt), cost(std::max(0.0, draft_cost)),
-        rows(std::max(1.0, verify_rows)), pass_ms(size_t(std::max<int64_t>(kmax, 0) + 2)) {}
+        rows(std::max(1.0, verify_rows)), pass_ms(size_t(std::max<int64_t>(kmax, 0) + 2)),
+        timed_at(pass_ms.size(), 0) {}
   int64_t next() {
     if (!adaptive) return max_k;
     if (pause > 0) {
@@ -249,6 +258,7 @@ struct DraftLength {
   // arithmetic shows.
   double prior(int64_t m) const { return std::max(1.0, double(m) / rows); }
   bool measured(int64_t m) const { return m >= 1 && size_t(m) < pass_ms.size() && pass_ms[size_t(m)].any(); }
+  bool stale(int64_t m) const { return measured(m) && timed - timed_at[size_t(m)] >= kStale; }
   // A pass of m rows in ms: measured, else from the measured row count nearest below m (else above) by the prior;
   // 0 when no pass was measured.
   double pass_estimate(int64_t m) const {
@@ -287,7 +297,13 @@ struct DraftLength {
   // prior for AVX-512 bf16, 4 rows a step, says 1.25 / 1.5 / 2).
   void observe(double draft_ms_total, int64_t drafted, double pass_ms_total, int64_t pass_rows) {
     if (!adaptive || !(pass_ms_total > 0) || pass_rows < 1) return;
-    if (size_t(pass_rows) < pass_ms.size()) pass_ms[size_t(pass_rows)].add(pass_ms_total);
+    if (size_t(pass_rows) < pass_ms.size()) {
+      Decayed& d = pass_ms[size_t(pass_rows)];
+      if (stale(pass_rows)) d = Decayed{};  // a stale timing is replaced, not averaged in
+      d.add(pass_ms_total);
+      timed_at[size_t(pass_rows)] = timed + 1;
+    }
+    ++timed;
     if (draft_ms_total >= 0 && drafted > 0) draft_ms.add(draft_ms_total / double(drafted));
     const double one = pass_estimate(1);
     if (draft_ms.any() && one > 0) cost = draft_ms.mean() / one;
@@ -302,8 +318,9 @@ struct DraftLength {
     } else {
       k = best(), misses = 0;
       // a pass that kept every proposal tries one more where a pass of that length was never timed (once timed,
-      // verify() knows it): the prior may price longer passes too high on this machine
-      explore = accepted == proposed && k < max_k && measured(k + 1) && !measured(k + 2);
+      // verify() knows it), or was last timed kStale passes ago: the prior may price longer passes too high on
+      // this machine, and one slow pass may have priced that length
+      explore = accepted == proposed && k < max_k && measured(k + 1) && (!measured(k + 2) || stale(k + 2));
     }
     if (misses >= 3) {
       pause = backoff, backoff = std::min<int64_t>(32, backoff * 2), misses = 0;
