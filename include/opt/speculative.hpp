@@ -232,7 +232,7 @@ struct DraftLength {
   // 1 .. max_k + 1)
   Decayed draft_ms;
   std::vector<Decayed> pass_ms;
-  // observe() calls so far, and the call at which passes of m rows were last timed (index m)
+  // passes timed so far (observe()), and the count at which passes of m rows were last timed (index m)
   int64_t timed = 0;
   std::vector<int64_t> timed_at;
   // passes after which a length's timing is old enough to be taken again, and then replaced (a length priced by
