@@ -41,7 +41,7 @@ double median(std::vector<double> v) {
 }
 
 std::string g_model = "opt-1.3b", g_format = "bf16";
-int g_new = 32, g_k = 5, g_reps = 3;
+int g_new = 32, g_k = int(opt::SpeculativeOptions{}.draft_tokens), g_reps = 3;
 
 std::filesystem::path checkpoint(const std::string& shape, const std::string& type) {
   const char* e = std::getenv("OPT_BENCH_DIR");

@@ -13,7 +13,7 @@ struct SpeculationFlags {
   std::string draft, draft_self;  // a draft model folder, or the model's own weights quantized (int8 | int8-approx |
                                   // int4; int8-approx: LoadOptions::approximate_int8, the same output, faster drafts
                                   // where the CPU has AVX-512 VNNI)
-  int64_t lookup = 0, draft_tokens = 5;
+  int64_t lookup = 0, draft_tokens = opt::SpeculativeOptions{}.draft_tokens;
   double verify_rows = 0.0;  // SpeculativeOptions::verify_rows (0: by the kernels and the weights)
 };
 
@@ -23,7 +23,9 @@ inline void add_speculation_options(CLI::App& app, SpeculationFlags& f) {
       ->check(CLI::IsMember({"int8", "int8-approx", "int4"}));
   app.add_option("--lookup", f.lookup, "speculative decoding by prompt lookup, n-grams up to N")
       ->check(CLI::Range(int64_t(1), int64_t(16)));
-  app.add_option("--draft-tokens", f.draft_tokens, "speculative decoding: the most tokens drafted a pass (default 5)")
+  app.add_option("--draft-tokens", f.draft_tokens,
+                 "speculative decoding: the most tokens drafted a pass (default " +
+                     std::to_string(opt::SpeculativeOptions{}.draft_tokens) + ")")
       ->check(CLI::Range(int64_t(1), int64_t(64)));
   app.add_option("--verify-rows", f.verify_rows,
                  "speculative decoding: rows one verification pass takes for about a plain step's cost, what "

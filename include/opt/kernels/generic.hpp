@@ -334,7 +334,8 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
     const int64_t sb = f32_prefetch().stream_bytes;
     if (sb > 0 && NP >= g) ahead_cols = std::max<int64_t>(1, sb / (g * kColBytes));
   }
-  if (kRange && cr.ahead > 0) ahead_cols = cr.ahead;
+  const bool ahead_set = kRange && cr.ahead > 0;  // (ColumnRange::ahead)
+  if (ahead_set) ahead_cols = cr.ahead;
   const int64_t nb = kI8 ? (k1 - k0 + B - 1) / B : 1;  // blocks (k0 starts one; float weights: one pass)
   const int64_t b0 = kI8 ? k0 / B : 0;
   // I8 / I4 scales: each panel's kPanel floats a block, a stream of their own beside the weights. With pf they
@@ -391,7 +392,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
       OPT_K_UNROLL
       for (int i = 0; i < NS; ++i) {
         sp[i] = pp[i * S], ss[i] = cs[i * S];
-        starts[i] = decltype(prefetching)::value && ((p0 + i * S) % g == 0 || (kRange && cr.ahead > 0));
+        starts[i] = decltype(prefetching)::value && ((p0 + i * S) % g == 0 || ahead_set);
       }
       const auto prefetch_col = [&](int64_t k) __attribute__((always_inline)) {  // the lines column k starts
         OPT_K_UNROLL
@@ -411,7 +412,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         }
       };
       if constexpr (decltype(prefetching)::value)
-        if (bi == 0 && !(kRange && cr.ahead > 0))
+        if (bi == 0 && !ahead_set)
           for (int64_t c = k0; c < std::min(k0 + ahead_cols, K); ++c) prefetch_col(c);
       OPT_K_UNROLL_COLUMNS
       for (int64_t k = kb; k < ke; ++k) {
