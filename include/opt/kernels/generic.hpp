@@ -255,11 +255,11 @@ OPT_K_INLINE void rows_to_bf16_pair(V& a, V& b) { S::rows_to_bf16_pair(a, b); }
 struct ColumnRange {
   int64_t k0 = 0, k1 = -1;
   bool cont = false;
-  // > 0 (with pf): ask for the weights `ahead` columns ahead of each column read, past k1 (the next column chunk,
-  // or the next group's first columns, which follow a group's last in memory), with no first burst at k0; the
-  // streams of panels that do not start a group ask too (linear_group_chunks: a tile reading the chunk from L1
-  // asks for the next one)
-  int64_t ahead = 0;
+  // Not null (with pf): instead of its own weights, the call asks for the bytes [share, share + (k1 - k0) * step)
+  // as it goes, step bytes a column (a power of two, at most 256), each cache line once: its share of the next
+  // column chunk (linear_group_chunks, whose calls over one chunk split the next chunk between them)
+  const std::byte* share = nullptr;
+  int64_t step = 0;
 };
 
 // Output rows j < NP * kPanel (panels p0 ..) of tokens m < MR: one sequential FMA chain over k per output;
@@ -334,8 +334,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
     const int64_t sb = f32_prefetch().stream_bytes;
     if (sb > 0 && NP >= g) ahead_cols = std::max<int64_t>(1, sb / (g * kColBytes));
   }
-  const bool ahead_set = kRange && cr.ahead > 0;  // (ColumnRange::ahead)
-  if (ahead_set) ahead_cols = cr.ahead;
+  const bool shared = kRange && cr.share != nullptr;  // (ColumnRange::share: not this call's own weights)
   const int64_t nb = kI8 ? (k1 - k0 + B - 1) / B : 1;  // blocks (k0 starts one; float weights: one pass)
   const int64_t b0 = kI8 ? k0 / B : 0;
   // I8 / I4 scales: each panel's kPanel floats a block, a stream of their own beside the weights. With pf they
@@ -392,7 +391,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
       OPT_K_UNROLL
       for (int i = 0; i < NS; ++i) {
         sp[i] = pp[i * S], ss[i] = cs[i * S];
-        starts[i] = decltype(prefetching)::value && ((p0 + i * S) % g == 0 || ahead_set);
+        starts[i] = decltype(prefetching)::value && (p0 + i * S) % g == 0;
       }
       const auto prefetch_col = [&](int64_t k) __attribute__((always_inline)) {  // the lines column k starts
         OPT_K_UNROLL
@@ -411,14 +410,29 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
           }
         }
       };
+      // this call's share of the next chunk: the lines of its column k, straight-line code (as prefetch_col)
+      const auto prefetch_share = [&](int64_t k) __attribute__((always_inline)) {
+        const int64_t o = (k - k0) * cr.step;
+        const std::byte* a = cr.share + o;
+        if (cr.step >= 64) {
+          prefetch_l2(a);
+          if (cr.step > 64) prefetch_l2(a + 64);
+          if (cr.step > 128) prefetch_l2(a + 128), prefetch_l2(a + 192);
+        } else if ((o & 63) == 0) {
+          prefetch_l2(a);
+        }
+      };
       if constexpr (decltype(prefetching)::value)
-        if (bi == 0 && !ahead_set)
+        if (bi == 0 && !shared)
           for (int64_t c = k0; c < std::min(k0 + ahead_cols, K); ++c) prefetch_col(c);
       OPT_K_UNROLL_COLUMNS
       for (int64_t k = kb; k < ke; ++k) {
         // a stream is long and sequential: ask for it ahead_cols columns ahead (one or two streams per core are
         // too few for the hardware prefetcher at decode's rate)
-        if constexpr (decltype(prefetching)::value) prefetch_col(k + ahead_cols);
+        if constexpr (decltype(prefetching)::value) {
+          if (shared) prefetch_share(k);
+          else prefetch_col(k + ahead_cols);
+        }
         const auto col = [&](int p) __attribute__((always_inline)) {
           return sp[p / S] + k * ss[p / S] + (p % S) * kColBytes;
         };
@@ -567,14 +581,18 @@ inline void finish_panels(const ops::LinearSeg& g, int64_t p, int np, const floa
 
 // Whole groups of g's panels from p0 (as long as they last in [p0, p1)) for n tokens, each group in column chunks
 // that stay in L1 (16 KiB): in each chunk the tokens go in `tiles` tiles of near-equal heights, each over the
-// group's panels np_for(its height) at a time, the first tile reading the chunk from memory (and asking for it
-// ahead), the others from L1; the sums go on from chunk to chunk (ColumnRange), so every output is the same
-// chain. out holds n * group * kPanel floats. Returns the first panel not done.
-// The second tile call of a chunk (computing from L1) asks for the next chunk as it goes (ColumnRange::ahead),
-// so the memory is not idle while the chunk's later tiles run. On AMD Zen 5 (2 threads, GEMVs over 32 matrices
-// that do not fit the caches, alternating runs): AVX2 4 rows 3072 x 768 f32 189-202 us a matrix against 213-228,
-// f16 125-126 against 140-144 (bf16 the same); AVX-512 f32 6 / 8 / 16 rows 185-197 / 205-223 / 236-284 against
-// 219-233 / 215-225 / 258-292; AVX-512 bf16 9-16 rows of 8192 x 2048, bound by the FMAs, within the noise.
+// group's panels np_for(its height) at a time, the first tile reading the chunk from memory, the others from L1;
+// the sums go on from chunk to chunk (ColumnRange), so every output is the same chain. out holds n * group *
+// kPanel floats. Returns the first panel not done.
+// The memory is kept busy by the calls themselves: the calls over a chunk split the next chunk (the next group's
+// first, at a group's end: groups lie one after the other) into equal shares, each asking for its share as it
+// goes (ColumnRange::share); only the range's first call asks for its own chunk. So the next chunk streams in at
+// an even rate over the whole of the current one. On an AMD Zen 3 (AVX2 only, 2 threads, GEMVs over 24 matrices
+// of 3072 x 768 that do not fit the caches, 6-8 alternating runs, medians): 4 rows f32 358 us a matrix against
+// 416, f16 190 against 241, bf16 217 against 257, with the second call alone asking for the whole next chunk (as
+// before); a one-row GEMV, which does not come here, ~140. Before that (no call asking while the later ones
+// computed from L1), on Zen 5: AVX2 4 rows f32 213-228 and f16 140-144 us against 189-202 and 125-126 with the
+// second call asking.
 template <dtype T>
 inline int64_t linear_group_chunks(const float* x, int64_t n, int64_t tiles, const ops::LinearSeg& g, int64_t p0,
                                    int64_t p1, float* out) {
@@ -582,19 +600,35 @@ inline int64_t linear_group_chunks(const float* x, int64_t n, int64_t tiles, con
   const int64_t K = w.cols, G = w.group;
   constexpr int64_t P = ops::kPanel;
   const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)));
+  const auto tile_height = [&](int64_t t) { return int(n / tiles + (t < n % tiles ? 1 : 0)); };
+  const auto tile_panels = [&](int m) { return int(std::min<int64_t>(G, Simd::np_for(m, int(col_bytes_c(T))))); };
+  int64_t calls = 0;  // a chunk's
+  for (int64_t t = 0; t < tiles; ++t) calls += (G + tile_panels(tile_height(t)) - 1) / tile_panels(tile_height(t));
   int64_t p = p0;
   for (; p + G <= p1 && p % G == 0 && w.group_panels(p) == G; p += G) {
+    const int64_t cs = int64_t(w.column_stride(p));  // a group column's bytes
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const ColumnRange cr{k0, std::min(K, k0 + KC), k0 > 0};
-      ColumnRange next = cr;  // (the second call's: it asks for the next chunk while it computes from L1)
-      next.ahead = KC;
-      int call = 0;
+      const bool first = p == p0 && k0 == 0;                    // its first call asks for its own chunk
+      const bool last = cr.k1 == K && !(p + 2 * G <= p1);         // no next chunk here to ask for
+      const int64_t sharers = last ? 0 : first ? calls - 1 : calls;
+      // each share: a power of two of bytes a column, at most 256 (16 KiB over 2 calls of 32 columns or more)
+      int64_t step = 0;
+      if (sharers > 0) {
+        const int64_t per_col = (KC * cs / sharers + (cr.k1 - k0) - 1) / (cr.k1 - k0);
+        for (step = 1; step < per_col && step < 256;) step *= 2;
+      }
+      const std::byte* next = w.panel(p) + cr.k1 * cs;  // (past the group's end: the next group's first columns)
+      int64_t call = 0;
       for (int64_t t = 0, i = 0; t < tiles; ++t) {
-        const int m = int(n / tiles + (t < n % tiles ? 1 : 0));
-        const int s = int(std::min<int64_t>(G, Simd::np_for(m, int(col_bytes_c(T)))));
-        for (int64_t q = 0; q < G; q += s, ++call)
-          tile_any<T, true>(m, s, x + i * K, K, K, w, p + q, out + i * G * P + q * P, G * P, P, call <= 1,
-                            call == 1 ? next : cr);
+        const int m = tile_height(t), s = tile_panels(m);
+        for (int64_t q = 0; q < G; q += s, ++call) {
+          ColumnRange c = cr;
+          const int64_t share = first ? call - 1 : call;
+          if (share >= 0 && sharers > 0) c.share = next + share * step * (cr.k1 - k0), c.step = step;
+          tile_any<T, true>(m, s, x + i * K, K, K, w, p + q, out + i * G * P + q * P, G * P, P,
+                            share < 0 || sharers > 0, c);
+        }
         i += m;
       }
     }
