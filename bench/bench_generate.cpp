@@ -5,7 +5,8 @@
 //                      beside each repetition (floor_GBps) and set x_floor against that
 //   BM_PeakFlops       FMA peak: independent chains of the widest FMA this CPU has, per thread (1 and 2 threads)
 //   BM_Decode          batch 1, 7-token prompt, 50 new tokens: ms/token, and x_floor = ms / (bytes per token / BW)
-//   BM_Seed4           4 prompts of 3-7 tokens, 50 new tokens: ms/step, total ms, step / batch-1 step
+//   BM_Seed4           4 prompts of 3-7 tokens, 50 new tokens: ms/step, total ms, step / batch-1 step (against
+//                      BM_Decode's, and x_batch1_paired against a batch-1 decode run step for step beside it)
 //   BM_Prefill512      one 512-token pass: ms, and x_floor = ms / (FLOPs / the 2-thread FMA peak measured beside it)
 //   BM_LoadTTFT        Model::load + Workspace + first forward of a 7-token prompt (warm page cache), and the
 //                      prompt pass alone on the loaded model (prompt7_warm_ms)
@@ -399,20 +400,39 @@ void BM_Seed4(benchmark::State& state, std::string type) {
     prefill.push_back({&kv[b], kSeedPrompts[b].data(), int64_t(kSeedPrompts[b].size())});
     step.push_back({&kv[b], &next[b], 1});
   }
+  // x_batch1_paired: a batch-1 decode (BM_Decode's prompt) runs step for step beside the batch of 4, each step
+  // of one right after the same step of the other, so the ratio compares steps taken within milliseconds of each
+  // other (on a VM whose speed moves from minute to minute, x_batch1_step, against BM_Decode's run, moved by
+  // 1.5x between runs)
+  opt::KvCache kv1(m.config(), int64_t(kPrompt.size()) + g_new);
+  int32_t id1 = 0;
+  const std::vector<opt::SequenceChunk> prefill1 = {{&kv1, kPrompt.data(), int64_t(kPrompt.size())}};
+  const std::vector<opt::SequenceChunk> step1 = {{&kv1, &id1, 1}};
+  std::vector<double> ratio1;
   for (auto _ : state) {
     for (int r = 0; r < reps(); ++r) {
       const double before = probe.pass();
       for (auto& c : kv) c.clear();
+      kv1.clear();
       auto t0 = clk::now();
       opt::LogitsView lv = m.forward(prefill, ws);
       for (size_t b = 0; b < next.size(); ++b) next[b] = opt::argmax(lv.row(int64_t(b)), lv.cols);
-      auto t1 = clk::now();
+      const double prefill_ms = ms_since(t0);
+      lv = m.forward(prefill1, ws);
+      id1 = int32_t(opt::argmax(lv.row(0), lv.cols));
+      double ms4 = 0, ms1 = 0;
       for (int s = 1; s < g_new; ++s) {
+        auto t1 = clk::now();
         lv = m.forward(step, ws);
         for (size_t b = 0; b < next.size(); ++b) next[b] = opt::argmax(lv.row(int64_t(b)), lv.cols);
+        auto t2 = clk::now();
+        lv = m.forward(step1, ws);
+        id1 = int32_t(opt::argmax(lv.row(0), lv.cols));
+        ms4 += std::chrono::duration<double, std::milli>(t2 - t1).count(), ms1 += ms_since(t2);
       }
-      step_ms.push_back(ms_since(t1) / (g_new - 1));
-      total_ms.push_back(ms_since(t0));
+      step_ms.push_back(ms4 / (g_new - 1));
+      total_ms.push_back(prefill_ms + ms4);
+      ratio1.push_back(ms4 / ms1);
       const double after = probe.pass();
       paired.push_back(step_ms.back() / (bytes / (0.5 * (before + after) * 1e6)));
     }
@@ -421,6 +441,7 @@ void BM_Seed4(benchmark::State& state, std::string type) {
   const double ms = median(step_ms);
   state.counters["ms_per_step"] = ms;
   state.counters["total_ms"] = median(total_ms);
+  state.counters["x_batch1_paired"] = median(ratio1);
   auto it = g_batch1_step.find(type + "/" + std::to_string(threads));
   if (it != g_batch1_step.end()) state.counters["x_batch1_step"] = ms / it->second;
   set_floor(state, ms, bytes, threads, probe, paired);
