@@ -599,7 +599,8 @@ inline int64_t linear_group_chunks(const float* x, int64_t n, int64_t tiles, con
   const PackedMatrix& w = g.w;
   const int64_t K = w.cols, G = w.group;
   constexpr int64_t P = ops::kPanel;
-  const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)));
+  const int64_t bk = std::max<int64_t>(1, w.block);  // (integer weights: each chunk starts a block of scales)
+  const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)) / bk) * bk;
   const auto tile_height = [&](int64_t t) { return int(n / tiles + (t < n % tiles ? 1 : 0)); };
   const auto tile_panels = [&](int m) { return int(std::min<int64_t>(G, Simd::np_for(m, int(col_bytes_c(T))))); };
   int64_t calls = 0;  // a chunk's
@@ -700,16 +701,21 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
     // a pass over the group from memory or L2 (an AVX2 batch-4 f32 step took 1.6-1.8x a batch-1 step). Instead a
     // whole group is taken in column chunks that stay in L1 (linear_group_chunks): in each chunk, tiles of 2
     // tokens (and 1) over the group's panels, the first reading the chunk from memory, the others from L1.
-    // Float weights only: for I8 / I4 the 2-token tiles widen each weight n / 2 times, and an AVX2 batch-4 int8
-    // step took 1.06x as long (f32 0.93x, bf16 0.91x). 16-bit weights take one tile of all n tokens over each
-    // panel of the chunk instead (each weight widened once): on the Intel machine with OPT_ISA=avx2 (opt-125m, 2
-    // threads, alternating runs) bf16 passes of 3 / 4 / 6 tokens took 12.9-13.2 / 13.7-13.9 / 15.5-15.7 ms against
-    // 13.6 / 14.0-14.2 / 17.0-17.4, f16 13.1-13.4 / 14.0-14.3 / 16.1-16.6 against 13.8-14.0 / 14.7 / 18.1-18.3.
+    // f32 only in tiles of 2 tokens: for I8 the 2-token tiles widen each weight n / 2 times, and an AVX2 batch-4
+    // int8 step took 1.06x as long (f32 0.93x, bf16 0.91x). 16-bit and I8 weights take one tile of all n tokens
+    // over each panel of the chunk instead (each weight widened once): on the Intel machine with OPT_ISA=avx2
+    // (opt-125m, 2 threads, alternating runs) bf16 passes of 3 / 4 / 6 tokens took 12.9-13.2 / 13.7-13.9 /
+    // 15.5-15.7 ms against 13.6 / 14.0-14.2 / 17.0-17.4, f16 13.1-13.4 / 14.0-14.3 / 16.1-16.6 against 13.8-14.0 /
+    // 14.7 / 18.1-18.3. I8 on an AMD Zen 3 (AVX2 only, 2 threads, 7 alternating runs of the seed's batch-4 step
+    // with a batch-1 step beside each): 9.6-11.4 ms, 1.80-2.08x the batch-1 step, against 12.0-13.0 ms and
+    // 2.25-2.42x with one-panel tiles over whole columns (the first panel of a group streaming it from memory,
+    // the other three computing from L2 with the memory idle). I4 is not chunked: its batch-4 step took 1.09-1.27x
+    // as long so (2 runs; unpacking the nibbles bounds it on AVX2).
     constexpr int kPieceNp = Simd::np_for(2, int(col_bytes_c(T)));
-    if constexpr (kPieceNp >= 2 && !ops::has_scales(T)) {
+    if constexpr (kPieceNp >= 2 && T != dtype::I4) {
       const int64_t G = w.group;  // 2, 4 or 8 panels: whole tiles of np_for(2) or np_for(1) panels, out holds it
-      // (f32: ceil(n / 2) tiles of near-equal heights, 2 tokens each, the last 1 when n is odd; 16-bit: one)
-      constexpr bool kOneTile = T == dtype::BF16 || T == dtype::F16;
+      // (f32: ceil(n / 2) tiles of near-equal heights, 2 tokens each, the last 1 when n is odd; 16-bit, I8: one)
+      constexpr bool kOneTile = T != dtype::F32;
       if (group == 1 && n >= 3 && (G == 2 || G == 4 || G == 8))
         p0 = linear_group_chunks<T>(x, n, kOneTile ? 1 : (n + 1) / 2, g, p0, p1, out);
     }
