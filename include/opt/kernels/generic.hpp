@@ -709,7 +709,8 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
     // 14.7 / 18.1-18.3. I8 on an AMD Zen 3 (AVX2 only, 2 threads, 7 alternating runs of the seed's batch-4 step
     // with a batch-1 step beside each): 9.6-11.4 ms, 1.80-2.08x the batch-1 step, against 12.0-13.0 ms and
     // 2.25-2.42x with one-panel tiles over whole columns (the first panel of a group streaming it from memory,
-    // the other three computing from L2 with the memory idle). I4 is not chunked: its batch-4 step took 1.09-1.27x
+    // the other three computing from L2 with the memory idle); 6 more pairs an hour later, the machine's compute
+    // slower, were mixed (1.96-2.48x against 2.03-2.47x). I4 is not chunked: its batch-4 step took 1.09-1.27x
     // as long so (2 runs; unpacking the nibbles bounds it on AVX2).
     constexpr int kPieceNp = Simd::np_for(2, int(col_bytes_c(T)));
     if constexpr (kPieceNp >= 2 && T != dtype::I4) {
