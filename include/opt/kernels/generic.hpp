@@ -604,14 +604,17 @@ inline int64_t linear_group_chunks(const float* x, int64_t n, int64_t tiles, con
   const auto tile_height = [&](int64_t t) { return int(n / tiles + (t < n % tiles ? 1 : 0)); };
   const auto tile_panels = [&](int m) { return int(std::min<int64_t>(G, Simd::np_for(m, int(col_bytes_c(T))))); };
   int64_t calls = 0;  // a chunk's
-  for (int64_t t = 0; t < tiles; ++t) calls += (G + tile_panels(tile_height(t)) - 1) / tile_panels(tile_height(t));
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int s = tile_panels(tile_height(t));
+    calls += (G + s - 1) / s;
+  }
   int64_t p = p0;
   for (; p + G <= p1 && p % G == 0 && w.group_panels(p) == G; p += G) {
     const int64_t cs = int64_t(w.column_stride(p));  // a group column's bytes
     for (int64_t k0 = 0; k0 < K; k0 += KC) {
       const ColumnRange cr{k0, std::min(K, k0 + KC), k0 > 0};
-      const bool first = p == p0 && k0 == 0;                    // its first call asks for its own chunk
-      const bool last = cr.k1 == K && !(p + 2 * G <= p1);         // no next chunk here to ask for
+      const bool first = p == p0 && k0 == 0;             // its first call asks for its own chunk
+      const bool last = cr.k1 == K && p + 2 * G > p1;      // no next chunk here to ask for
       const int64_t sharers = last ? 0 : first ? calls - 1 : calls;
       // each share: a power of two of bytes a column, at most 256 (16 KiB over 2 calls of 32 columns or more)
       int64_t step = 0;
