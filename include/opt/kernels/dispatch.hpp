@@ -15,8 +15,13 @@
 
 // OPT_KERNELS_EXTERN: this translation unit only declares the ISA tables, and one other of the program compiles
 // them (#include <opt/kernels/compiled.hpp>, see there). Without it, as by default, every translation unit that
-// runs a kernel compiles them all: the library stays header-only.
-#if defined(OPT_KERNELS_EXTERN) && !defined(OPT_KERNELS_IMPLEMENTATION)
+// runs a kernel compiles them all: the library stays header-only. OPT_KERNELS_ONLY_<ISA> (compiled.hpp): this
+// translation unit compiles that ISA's table and declares the others.
+#if defined(OPT_KERNELS_ONLY_SCALAR) || defined(OPT_KERNELS_ONLY_AVX2) || defined(OPT_KERNELS_ONLY_AVX512) || \
+    defined(OPT_KERNELS_ONLY_NEON)
+#define OPT_KERNELS_PART 1
+#endif
+#if (defined(OPT_KERNELS_EXTERN) && !defined(OPT_KERNELS_IMPLEMENTATION)) || defined(OPT_KERNELS_PART)
 OPT_NAMESPACE_BEGIN
 namespace kernels {
 namespace scalar_isa {
@@ -39,11 +44,20 @@ const Table& table();
 #endif
 }  // namespace kernels
 OPT_NAMESPACE_END
-#else
+#endif
+#if !defined(OPT_KERNELS_EXTERN) || defined(OPT_KERNELS_IMPLEMENTATION)
+#if !defined(OPT_KERNELS_PART) || defined(OPT_KERNELS_ONLY_AVX2)
 #include "opt/kernels/avx2.hpp"
+#endif
+#if !defined(OPT_KERNELS_PART) || defined(OPT_KERNELS_ONLY_AVX512)
 #include "opt/kernels/avx512.hpp"
+#endif
+#if !defined(OPT_KERNELS_PART) || defined(OPT_KERNELS_ONLY_NEON)
 #include "opt/kernels/neon.hpp"
+#endif
+#if !defined(OPT_KERNELS_PART) || defined(OPT_KERNELS_ONLY_SCALAR)
 #include "opt/kernels/scalar.hpp"
+#endif
 #endif
 
 OPT_NAMESPACE_BEGIN
