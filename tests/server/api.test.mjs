@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { startServer, postJson, getJson, assertApiError, streamCompletion, goldens, CI } from "./lib.mjs";
+import { startServer, postJson, getJson, assertApiError, streamCompletion, goldens, until, CI } from "./lib.mjs";
 
 const G = goldens();
 const P1 = "Hello, my dog is cute", P2 = "The capital of France is";
@@ -155,7 +155,14 @@ test("GET /metrics: Prometheus text whose counters move with the traffic", async
     const s = await streamCompletion(srv.url, { prompt: P2, max_tokens: 8, temperature: 0 });
     assert.ok(s.done);
     assertApiError(await postJson(`${srv.url}/v1/completions`, { prompt: P1, max_tokens: -1 }), 400);
-    const b = await read();
+    // The server counts a request and its latency when the write of its last byte completes, which the client can
+    // see first (a loaded machine, CI's -j2, once read the page between the two): read until both have moved.
+    const lat = "opt_serve_request_latency_seconds_count";
+    const b = await until(async () => {
+      const m = await read();
+      return (m.samples.get(ok) ?? 0) - (a.samples.get(ok) ?? 0) >= 2 &&
+             (m.samples.get(lat) ?? 0) - (a.samples.get(lat) ?? 0) >= 2 ? m : null;
+    }, 5000, "the two completions in the counters");
     for (const t of ["opt_serve_requests_total", "opt_serve_prompt_tokens_total", "opt_serve_generated_tokens_total"])
       assert.equal(b.types.get(t), "counter", t);
     for (const t of ["opt_serve_queue_depth", "opt_serve_running_sequences", "opt_serve_connections"])
