@@ -13,8 +13,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 build=${BUILD_DIR:-$root/build-asan}
-# -g1: line tables (a report's stack still names file:line) at two thirds of -g's compile time
-flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g1 -O1"
+flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O1"
 # The kernels of the scalar path and of this machine's best ISA only (every instrumented ISA costs minutes of
 # compile time in each test program); the per-ISA ctest duplicates (isa_*) are left to the main build.
 if grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
@@ -22,6 +21,8 @@ if grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo; then
 else
   flags="$flags -DOPT_DISABLE_AVX512"
 fi
+# Debug (asserts on) with -g1 for its debug flags: line tables, so a report's stack still names file:line, at two
+# thirds of -g's compile time
 cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-g++}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DOPT_NATIVE=ON \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DOPT_SHARED_DIR="${OPT_SHARED_DIR:-$root/../shared}" -DOPT_HEADER_TESTS=OFF >/dev/null
