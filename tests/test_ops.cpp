@@ -64,7 +64,7 @@ TEST_CASE("linear matches opt::ref::linear for every weight type, odd sizes, til
   for_each_isa([&](opt::kernels::isa) {
   for (opt::dtype t : {opt::dtype::F32, opt::dtype::F16, opt::dtype::BF16, opt::dtype::I8, opt::dtype::I4})
     for (int64_t K : {1, 15, 16, 17, 63, 64, 65, 130, 257, 1100, 2061})
-      for (int64_t R : {1, 3, 4, 7, 18})
+      for (int64_t R : {1, 3, 4, 7, 18, 67})
         for (int64_t n : {1, 2, 4, 5, 8, 9, 13, 97, 200}) {
           INFO(opt::to_string(t) << " n=" << n << " R=" << R << " K=" << K);
           W w = make(t, R, K, uint32_t(K * 1000 + R));

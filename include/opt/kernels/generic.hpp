@@ -374,7 +374,8 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
           OPT_K_UNROLL
           for (int p = 0; p < NP; p += kPU) rows_to_bf16_pair(acc[m][p][0], acc[m][p + 1 / VP][1 % VP]);
     const int64_t ke = std::min(k1, kb + B);
-    // the loop over columns with and without the prefetches (prefetching: a std::bool_constant), over streams of
+    // the loop over columns without the prefetches (prefetching: std::integral_constant 0), asking for its own
+    // weights ahead (1) or for its share of the next chunk (2), over streams of
     // S panels (span: a std::integral_constant): with the prefetches tested per column in one loop, the prefetch
     // code's registers made the loop without them 1.1x as slow (a 512-token prefill)
     const auto columns = [&](auto prefetching, auto span) __attribute__((always_inline)) {
@@ -391,7 +392,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
       OPT_K_UNROLL
       for (int i = 0; i < NS; ++i) {
         sp[i] = pp[i * S], ss[i] = cs[i * S];
-        starts[i] = decltype(prefetching)::value && (p0 + i * S) % g == 0;
+        starts[i] = decltype(prefetching)::value == 1 && (p0 + i * S) % g == 0;
       }
       const auto prefetch_col = [&](int64_t k) __attribute__((always_inline)) {  // the lines column k starts
         OPT_K_UNROLL
@@ -414,25 +415,19 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
       const auto prefetch_share = [&](int64_t k) __attribute__((always_inline)) {
         const int64_t o = (k - k0) * cr.step;
         const std::byte* a = cr.share + o;
-        if (cr.step >= 64) {
-          prefetch_l2(a);
-          if (cr.step > 64) prefetch_l2(a + 64);
-          if (cr.step > 128) prefetch_l2(a + 128), prefetch_l2(a + 192);
-        } else if ((o & 63) == 0) {
-          prefetch_l2(a);
-        }
+        prefetch_l2(a);  // (steps under 64 bytes too, every column: asking again costs less than the test)
+        if (cr.step > 64) prefetch_l2(a + 64);
+        if (cr.step > 128) prefetch_l2(a + 128), prefetch_l2(a + 192);
       };
-      if constexpr (decltype(prefetching)::value)
-        if (bi == 0 && !shared)
+      if constexpr (decltype(prefetching)::value == 1)
+        if (bi == 0)
           for (int64_t c = k0; c < std::min(k0 + ahead_cols, K); ++c) prefetch_col(c);
       OPT_K_UNROLL_COLUMNS
       for (int64_t k = kb; k < ke; ++k) {
         // a stream is long and sequential: ask for it ahead_cols columns ahead (one or two streams per core are
         // too few for the hardware prefetcher at decode's rate)
-        if constexpr (decltype(prefetching)::value) {
-          if (shared) prefetch_share(k);
-          else prefetch_col(k + ahead_cols);
-        }
+        if constexpr (decltype(prefetching)::value == 2) prefetch_share(k);
+        else if constexpr (decltype(prefetching)::value == 1) prefetch_col(k + ahead_cols);
         const auto col = [&](int p) __attribute__((always_inline)) {
           return sp[p / S] + k * ss[p / S] + (p % S) * kColBytes;
         };
@@ -476,10 +471,17 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
         }
       }
     };
-    // (kS 1: adjacent is false, and the two spans are one instantiation)
+    // (kS 1: adjacent is false, and the two spans are one instantiation.) A loop of its own for the shares, with
+    // one prefetch a column and no test: on the AMD Zen 3 (AVX2, 2 threads, 30 alternating rounds, medians of the
+    // paired ratios) the shares asked for inside the loop of the own prefetches, a line only in the column that
+    // starts it, made GEMVs of 4 rows take 1.12-1.19x as long (int8 3072 x 768 and 768 x 3072 over 8 matrices in
+    // L3, and 1 thread; bf16 1.12x, f16 3 rows 1.11x, bf16 6 rows 1.27x) and the 4-row LM heads 1.23-1.43x (int8)
+    // and 1.15x (bf16) from memory. f32, whose shares are a line a column or more, the same.
     const auto columns_pf = [&](auto span) __attribute__((always_inline)) {
-      if (pf) columns(std::true_type{}, span);
-      else columns(std::false_type{}, span);
+      if constexpr (kRange)
+        if (pf && shared) return columns(std::integral_constant<int, 2>{}, span);
+      if (pf) columns(std::integral_constant<int, 1>{}, span);
+      else columns(std::integral_constant<int, 0>{}, span);
     };
     if (adjacent) columns_pf(std::integral_constant<int, kS>{});
     else columns_pf(std::integral_constant<int, 1>{});
@@ -600,7 +602,18 @@ inline int64_t linear_group_chunks(const float* x, int64_t n, int64_t tiles, con
   const int64_t K = w.cols, G = w.group;
   constexpr int64_t P = ops::kPanel;
   const int64_t bk = std::max<int64_t>(1, w.block);  // (integer weights: each chunk starts a block of scales)
-  const int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)) / bk) * bk;
+  int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)) / bk) * bk;
+  // One tile of 3 or 4 tokens (16-bit and integer weights: each weight read once, from L2, so the chunk need not
+  // stay in L1): chunks of up to 64 KiB of weights whose inputs (n * KC floats) take at most 12 KiB of L1, fewer
+  // calls a group. On the AMD Zen 3 (AVX2, 2 threads, 30 alternating rounds over 8 matrices that fit L3 but not
+  // L2, medians of the paired ratios) 4 rows of 3072 x 768 took 0.93-0.94x as long with 768 columns a chunk
+  // than with 256 (int8), 0.94x (bf16), 0.97x (f16); 4 rows of 768 x 3072 0.91-0.92x (int8, 1024 columns), 3 rows
+  // 0.91x (int8); the 4-row int8 LM head 0.96-0.98x, bf16 0.96x. Not for 5 or 6 tokens: 512 columns took
+  // 0.98-1.03x as long, and 1024 (24 KiB of inputs) 1.17x (bf16, 6 rows).
+  if (tiles == 1 && n <= 4) {
+    const int64_t wide = std::min<int64_t>(65536 / (G * col_bytes_c(T)), 3072 / n) / bk * bk;
+    KC = std::max(KC, wide);
+  }
   const auto tile_height = [&](int64_t t) { return int(n / tiles + (t < n % tiles ? 1 : 0)); };
   const auto tile_panels = [&](int m) { return int(std::min<int64_t>(G, Simd::np_for(m, int(col_bytes_c(T))))); };
   int64_t calls = 0;  // a chunk's
