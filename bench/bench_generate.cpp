@@ -6,7 +6,12 @@
 //   BM_PeakFlops       FMA peak: independent chains of the widest FMA this CPU has, per thread (1 and 2 threads)
 //   BM_Decode          batch 1, 7-token prompt, 50 new tokens: ms/token, and x_floor = ms / (bytes per token / BW)
 //   BM_Seed4           4 prompts of 3-7 tokens, 50 new tokens: ms/step, total ms, step / batch-1 step (against
-//                      BM_Decode's, and x_batch1_paired against a batch-1 decode run step for step beside it)
+//                      BM_Decode's, and x_batch1_paired against a batch-1 decode run step for step beside it),
+//                      and its FMA floor: x_fma_floor = ms / (a 4-token step's FLOPs / the 2-thread FMA peak), and
+//                      batch1_bound = max(FMA floor, read floor) / read floor, the least x_batch1 a step that
+//                      overlapped the FMAs and the reads perfectly could reach (each output stays one FMA chain a
+//                      token, so a batch of 4 costs 4 FMAs a weight: where that takes as long as reading the weight,
+//                      the batch-4 step cannot cost the same as a batch-1 one)
 //   BM_Prefill512      one 512-token pass: ms, and x_floor = ms / (FLOPs / the 2-thread FMA peak measured beside it)
 //   BM_LoadTTFT        Model::load + Workspace + first forward of a 7-token prompt (warm page cache), and the
 //                      prompt pass alone on the loaded model (prompt7_warm_ms)
@@ -382,6 +387,14 @@ void BM_Decode(benchmark::State& state, std::string type) {
   set_floor(state, ms, bytes, threads, probe, paired);
 }
 
+// FLOPs of one decode step of B sequences at mean context L (logits for every row): 2 per multiply-add.
+double step_flops(const opt::Config& c, double B, double L) {
+  const double H = double(c.hidden_size), E = double(c.word_embed_proj_dim), F = double(c.ffn_dim);
+  double per_token = double(c.num_hidden_layers) * (4 * H * H + 2 * H * F + 2 * H * L) + double(c.vocab_size) * E;
+  if (c.has_projections()) per_token += H * E + E * H;
+  return 2.0 * B * per_token;
+}
+
 void BM_Seed4(benchmark::State& state, std::string type) {
   label_isa(state);
   const size_t threads = size_t(state.range(0));
@@ -445,6 +458,10 @@ void BM_Seed4(benchmark::State& state, std::string type) {
   auto it = g_batch1_step.find(type + "/" + std::to_string(threads));
   if (it != g_batch1_step.end()) state.counters["x_batch1_step"] = ms / it->second;
   set_floor(state, ms, bytes, threads, probe, paired);
+  const double fma_ms = step_flops(m.config(), double(kSeedPrompts.size()), mean_len) / peak_flops(2) * 1e3;
+  state.counters["fma_floor_ms"] = fma_ms;
+  state.counters["x_fma_floor"] = ms / fma_ms;
+  state.counters["batch1_bound"] = std::max(1.0, fma_ms / (bytes / (probe.gbps() * 1e6)));
 }
 
 // FLOPs of one pass of T tokens (last-token logits only): 2 per multiply-add.
