@@ -8,7 +8,8 @@
 # Excluded by default: package_* (they configure and build separate consumer projects without sanitizers, so
 # they test packaging, not memory safety, and take minutes) and isa_* (the fixture suite again per ISA; test_isa
 # still compares the ISAs compiled here), and test_shapes (the same kernels and model code as the fixture tests at
-# the larger shapes' widths: minutes of instrumented arithmetic that no other memory path goes through).
+# the larger shapes' widths: minutes of instrumented arithmetic that no other memory path goes through; not even
+# built, OPT_SKIP_TESTS).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -25,7 +26,7 @@ fi
 # thirds of -g's compile time
 cmake -S "$root" -B "$build" -DCMAKE_CXX_COMPILER="${CXX:-g++}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DOPT_NATIVE=ON \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-  -DOPT_SHARED_DIR="${OPT_SHARED_DIR:-$root/../shared}" -DOPT_HEADER_TESTS=OFF >/dev/null
+  -DOPT_SHARED_DIR="${OPT_SHARED_DIR:-$root/../shared}" -DOPT_HEADER_TESTS=OFF -DOPT_SKIP_TESTS=test_shapes >/dev/null
 cmake --build "$build" -j "${JOBS:-2}"
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"

@@ -20,6 +20,9 @@
 #if defined(OPT_KERNELS_ONLY_SCALAR) || defined(OPT_KERNELS_ONLY_AVX2) || defined(OPT_KERNELS_ONLY_AVX512) || \
     defined(OPT_KERNELS_ONLY_NEON)
 #define OPT_KERNELS_PART 1
+#if !defined(OPT_KERNELS_IMPLEMENTATION)
+#error "OPT_KERNELS_ONLY_<ISA> is for a translation unit whose first include is opt/kernels/compiled.hpp"
+#endif
 #endif
 #if (defined(OPT_KERNELS_EXTERN) && !defined(OPT_KERNELS_IMPLEMENTATION)) || defined(OPT_KERNELS_PART)
 OPT_NAMESPACE_BEGIN
