@@ -387,12 +387,20 @@ void BM_Decode(benchmark::State& state, std::string type) {
   set_floor(state, ms, bytes, threads, probe, paired);
 }
 
+// Multiply-adds of one token through the decoder layers and projections (the weights it multiplies by once;
+// attention and the LM head apart).
+double layer_macs_per_token(const opt::Config& c) {
+  const double H = double(c.hidden_size), E = double(c.word_embed_proj_dim), F = double(c.ffn_dim);
+  double macs = double(c.num_hidden_layers) * (4 * H * H + 2 * H * F);
+  if (c.has_projections()) macs += H * E + E * H;
+  return macs;
+}
+
 // FLOPs of one decode step of B sequences at mean context L (logits for every row): 2 per multiply-add.
 double step_flops(const opt::Config& c, double B, double L) {
-  const double H = double(c.hidden_size), E = double(c.word_embed_proj_dim), F = double(c.ffn_dim);
-  double per_token = double(c.num_hidden_layers) * (4 * H * H + 2 * H * F + 2 * H * L) + double(c.vocab_size) * E;
-  if (c.has_projections()) per_token += H * E + E * H;
-  return 2.0 * B * per_token;
+  const double H = double(c.hidden_size), E = double(c.word_embed_proj_dim);
+  const double attn = double(c.num_hidden_layers) * 2.0 * H * L;  // QKᵀ and PV over L positions
+  return 2.0 * B * (layer_macs_per_token(c) + attn + double(c.vocab_size) * E);
 }
 
 void BM_Seed4(benchmark::State& state, std::string type) {
@@ -466,11 +474,9 @@ void BM_Seed4(benchmark::State& state, std::string type) {
 
 // FLOPs of one pass of T tokens (last-token logits only): 2 per multiply-add.
 double prefill_flops(const opt::Config& c, double T) {
-  const double H = double(c.hidden_size), E = double(c.word_embed_proj_dim), F = double(c.ffn_dim);
-  double per_token = double(c.num_hidden_layers) * (4 * H * H + 2 * H * F);
-  if (c.has_projections()) per_token += H * E + E * H;
+  const double H = double(c.hidden_size), E = double(c.word_embed_proj_dim);
   const double attn = double(c.num_hidden_layers) * 2.0 * H * T * (T + 1);  // QKᵀ and PV over the causal half
-  return 2.0 * T * per_token + attn + 2.0 * double(c.vocab_size) * E;
+  return 2.0 * T * layer_macs_per_token(c) + attn + 2.0 * double(c.vocab_size) * E;
 }
 
 void BM_Prefill512(benchmark::State& state, std::string type) {

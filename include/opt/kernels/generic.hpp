@@ -256,8 +256,9 @@ struct ColumnRange {
   int64_t k0 = 0, k1 = -1;
   bool cont = false;
   // Not null (with pf): instead of its own weights, the call asks for the bytes [share, share + (k1 - k0) * step)
-  // as it goes, step bytes a column (a power of two, at most 256), each cache line once: its share of the next
-  // column chunk (linear_group_chunks, whose calls over one chunk split the next chunk between them)
+  // as it goes, step bytes a column (a power of two, at most 256; under 64, a line is asked for again in each
+  // column that lies in it): its share of the next column chunk (linear_group_chunks, whose calls over one chunk
+  // split the next chunk between them)
   const std::byte* share = nullptr;
   int64_t step = 0;
 };
@@ -413,8 +414,7 @@ __attribute__((noinline)) void tile(const float* x, int64_t ldx, int64_t K, cons
       };
       // this call's share of the next chunk: the lines of its column k, straight-line code (as prefetch_col)
       const auto prefetch_share = [&](int64_t k) __attribute__((always_inline)) {
-        const int64_t o = (k - k0) * cr.step;
-        const std::byte* a = cr.share + o;
+        const std::byte* a = cr.share + (k - k0) * cr.step;
         prefetch_l2(a);  // (steps under 64 bytes too, every column: asking again costs less than the test)
         if (cr.step > 64) prefetch_l2(a + 64);
         if (cr.step > 128) prefetch_l2(a + 128), prefetch_l2(a + 192);
@@ -582,10 +582,11 @@ inline void finish_panels(const ops::LinearSeg& g, int64_t p, int np, const floa
 }
 
 // Whole groups of g's panels from p0 (as long as they last in [p0, p1)) for n tokens, each group in column chunks
-// that stay in L1 (16 KiB): in each chunk the tokens go in `tiles` tiles of near-equal heights, each over the
-// group's panels np_for(its height) at a time, the first tile reading the chunk from memory, the others from L1;
-// the sums go on from chunk to chunk (ColumnRange), so every output is the same chain. out holds n * group *
-// kPanel floats. Returns the first panel not done.
+// that stay in L1 (16 KiB; one tile of 3-4 tokens, which reads each weight once, takes wider ones): in each chunk
+// the tokens go in `tiles` tiles of near-equal heights, each over the group's panels np_for(its height) at a time,
+// the first tile reading the chunk from memory, the others from L1; the sums go on from chunk to chunk
+// (ColumnRange), so every output is the same chain. out holds n * group * kPanel floats. Returns the first panel
+// not done.
 // The memory is kept busy by the calls themselves: the calls over a chunk split the next chunk (the next group's
 // first, at a group's end: groups lie one after the other) into equal shares, each asking for its share as it
 // goes (ColumnRange::share); only the range's first call asks for its own chunk. So the next chunk streams in at
