@@ -582,7 +582,7 @@ inline void finish_panels(const ops::LinearSeg& g, int64_t p, int np, const floa
 }
 
 // Whole groups of g's panels from p0 (as long as they last in [p0, p1)) for n tokens, each group in column chunks
-// that stay in L1 (16 KiB; one tile of 3-4 tokens, which reads each weight once, takes wider ones): in each chunk
+// that stay in L1 (16 KiB; one tile of up to 4 tokens, which reads each weight once, takes wider ones): in each chunk
 // the tokens go in `tiles` tiles of near-equal heights, each over the group's panels np_for(its height) at a time,
 // the first tile reading the chunk from memory, the others from L1; the sums go on from chunk to chunk
 // (ColumnRange), so every output is the same chain. out holds n * group * kPanel floats. Returns the first panel
@@ -604,8 +604,8 @@ inline int64_t linear_group_chunks(const float* x, int64_t n, int64_t tiles, con
   constexpr int64_t P = ops::kPanel;
   const int64_t bk = std::max<int64_t>(1, w.block);  // (integer weights: each chunk starts a block of scales)
   int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)) / bk) * bk;
-  // One tile of 3 or 4 tokens (16-bit and integer weights: each weight read once, from L2, so the chunk need not
-  // stay in L1): chunks of up to 64 KiB of weights whose inputs (n * KC floats) take at most 12 KiB of L1, fewer
+  // One tile of up to 4 tokens (16-bit and integer weights: each weight read once, from L2, so the chunk need not
+  // stay in L1; I8 tiles of 1-2 tokens over half a group too): chunks of up to 64 KiB of weights whose inputs (n * KC floats) take at most 12 KiB of L1, fewer
   // calls a group. On the AMD Zen 3 (AVX2, 2 threads, 30 alternating rounds over 8 matrices that fit L3 but not
   // L2, medians of the paired ratios) 4 rows of 3072 x 768 took 0.93-0.94x as long with 768 columns a chunk
   // than with 256 (int8), 0.94x (bf16), 0.97x (f16); 4 rows of 768 x 3072 0.91-0.92x (int8, 1024 columns), 3 rows
@@ -736,6 +736,15 @@ inline void linear_panels(const float* x, int64_t n, const ops::LinearSeg& g, in
       constexpr bool kOneTile = T != dtype::F32;
       if (group == 1 && n >= 3 && (G == 2 || G == 4 || G == 8))
         p0 = linear_group_chunks<T>(x, n, kOneTile ? 1 : (n + 1) / 2, g, p0, p1, out);
+      // I8 tiles of 1-2 tokens over half a group (AVX2 2 tokens, NEON 1 and 2: np_for 2 of a 4-panel group) the
+      // same way, one tile over each half of a chunk: else the tile over the second half reads the group again
+      // from L2 with the memory idle. On the AMD Zen 3 (AVX2, 2 threads, 16 alternating rounds, medians of the
+      // paired ratios) 2 rows of opt-1.3b's layers (4 layers, 200 MB) took 0.80x as long (1.12x a one-row pass,
+      // against 1.46x), its int8 LM head 0.78x (1.06x against 1.41x); chunks of 256 columns in place of 1024 gave
+      // 0.93x and 0.82x, a whole group column (2048) 0.87x. opt-125m's layers (matrices of 0.6-2.4 MB): 1.0x.
+      // (Speculative decoding's draft passes of 2 rows; a Batch of 2 sequences.) I4, bound by unpacking: 1.0x.
+      if (T == dtype::I8 && n <= 2 && group < G && G % group == 0 && (G == 4 || G == 8))
+        p0 = linear_group_chunks<T>(x, n, 1, g, p0, p1, out);
     }
     for (int64_t p = p0; p < p1;) {
       const int np = p + group <= p1 ? group : group >= 4 && p + group / 2 <= p1 ? group / 2 : 1;
