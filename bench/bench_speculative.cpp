@@ -3,8 +3,9 @@
 //   BM_Plain/<workload>            ms per new token of plain greedy decoding (the prompt pass included)
 //   BM_Spec/<drafter>/<workload>   the same with speculative decoding: ms/token, plain decoding's ms/token in
 //                                  runs interleaved with these (plain_ms_per_token), speedup = the median of each
-//                                  pair's plain / speculative, acceptance (accepted / proposed drafts) and tokens
-//                                  per model pass
+//                                  pair's plain / speculative, acceptance (accepted / proposed drafts), tokens
+//                                  per model pass, and in plain steps what a proposal's drafting took (draft_steps,
+//                                  its catching up included) and a verifying pass (pass_steps)
 // Drafters: self_int8 (the model's own weights quantized to int8 at load, LM head too), self_int8_approx (the same
 // on the CPU's int8 dot products, LoadOptions::approximate_int8: AVX-512 VNNI), self_int4 (to int4, the
 // LM head as stored), lookup (prompt lookup, n-grams up to 3),
@@ -176,6 +177,9 @@ void BM_Spec(benchmark::State& state, std::string d, std::string w) {
   state.counters["speedup"] = median(ratio);
   state.counters["acceptance"] = st.acceptance();
   state.counters["tokens_per_pass"] = st.tokens_per_pass();
+  // the split, in plain steps (plain decoding's ms/token): a proposal's drafting, and a verifying pass
+  state.counters["draft_steps"] = st.draft_ms_per_proposal() / median(plain_ms);
+  state.counters["pass_steps"] = st.ms_per_pass() / median(plain_ms);
 }
 
 }  // namespace

@@ -159,6 +159,13 @@ TEST_CASE("speculative greedy == plain greedy, token for token and logit for log
               CHECK(r.sequences[b] == seq);
             }
             CHECK(st.accepted <= st.proposed);
+            // the time split: every pass that verified was timed, and drafting only when there were proposals
+            CHECK(st.pass_ms >= 0.0);
+            CHECK(st.draft_ms >= 0.0);
+            if (st.passes > 0) CHECK(st.pass_ms > 0.0);
+            CHECK(st.ms_per_pass() == (st.passes ? st.pass_ms / double(st.passes) : 0.0));
+            if (st.proposed == 0) CHECK(st.draft_ms_per_proposal() == 0.0);
+            if (names[d] == "self int8" && st.proposed > 0) CHECK(st.draft_ms > 0.0);  // a model's forward passes
             if (names[d] == "always wrong") CHECK(st.accepted == 0);
             if (names[d] == "always right") {
               CHECK(st.accepted == st.proposed);

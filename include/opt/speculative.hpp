@@ -213,8 +213,14 @@ struct SpeculativeStats {
   int64_t proposed = 0;    // draft tokens verified
   int64_t accepted = 0;    // draft tokens kept
   int64_t new_tokens = 0;  // tokens generated (prompt passes' first tokens included)
+  // Where the time went, summed over the sequences (in a Batch, each speculating sequence counts the shared pass):
+  // in Drafter::propose (its catching up included), and in the passes that verified (from the end of drafting to
+  // the verdict: the model pass, and in a Batch everything else of the step)
+  double draft_ms = 0.0, pass_ms = 0.0;
   double acceptance() const noexcept { return proposed ? double(accepted) / double(proposed) : 0.0; }
   double tokens_per_pass() const noexcept { return passes ? double(new_tokens) / double(passes) : 0.0; }
+  double draft_ms_per_proposal() const noexcept { return proposed ? draft_ms / double(proposed) : 0.0; }
+  double ms_per_pass() const noexcept { return passes ? pass_ms / double(passes) : 0.0; }
 };
 
 namespace detail {
@@ -418,6 +424,7 @@ class SpeculativeSequence final : public Speculation::Sequence {
     }
     out = d_->propose(tokens, k);
     drafted_at_ = clock::now();
+    if (stats_) stats_->draft_ms += std::chrono::duration<double, std::milli>(drafted_at_ - t0).count();
     // (the first proposals after the prompt or a pause include the drafter's catching up: not a draft's cost)
     if (caught_up_) draft_ms_ = std::chrono::duration<double, std::milli>(drafted_at_ - t0).count();
     caught_up_ = true;
@@ -458,6 +465,7 @@ class SpeculativeSequence final : public Speculation::Sequence {
       stats_->proposed += nd;
       stats_->accepted += kept;
       stats_->new_tokens += emitted;
+      if (drafted_) stats_->pass_ms += pass_ms;
     }
     if (drafted_) {
       // (timed costs only for greedy sequences, whose output K cannot change: a seeded sampling run draws the same
