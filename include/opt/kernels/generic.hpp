@@ -582,9 +582,9 @@ inline void finish_panels(const ops::LinearSeg& g, int64_t p, int np, const floa
 }
 
 // Whole groups of g's panels from p0 (as long as they last in [p0, p1)) for n tokens, each group in column chunks
-// that stay in L1 (16 KiB; one tile of up to 4 tokens, which reads each weight once, takes wider ones): in each chunk
-// the tokens go in `tiles` tiles of near-equal heights, each over the group's panels np_for(its height) at a time,
-// the first tile reading the chunk from memory, the others from L1; the sums go on from chunk to chunk
+// that stay in L1 (16 KiB; one tile of up to 4 tokens, which reads each weight once, takes wider ones): in each
+// chunk the tokens go in `tiles` tiles of near-equal heights, each over the group's panels np_for(its height) at a
+// time, the first tile reading the chunk from memory, the others from L1; the sums go on from chunk to chunk
 // (ColumnRange), so every output is the same chain. out holds n * group * kPanel floats. Returns the first panel
 // not done.
 // The memory is kept busy by the calls themselves: the calls over a chunk split the next chunk (the next group's
@@ -605,12 +605,13 @@ inline int64_t linear_group_chunks(const float* x, int64_t n, int64_t tiles, con
   const int64_t bk = std::max<int64_t>(1, w.block);  // (integer weights: each chunk starts a block of scales)
   int64_t KC = std::max<int64_t>(1, 16384 / (G * col_bytes_c(T)) / bk) * bk;
   // One tile of up to 4 tokens (16-bit and integer weights: each weight read once, from L2, so the chunk need not
-  // stay in L1; I8 tiles of 1-2 tokens over half a group too): chunks of up to 64 KiB of weights whose inputs (n * KC floats) take at most 12 KiB of L1, fewer
-  // calls a group. On the AMD Zen 3 (AVX2, 2 threads, 30 alternating rounds over 8 matrices that fit L3 but not
-  // L2, medians of the paired ratios) 4 rows of 3072 x 768 took 0.93-0.94x as long with 768 columns a chunk
-  // than with 256 (int8), 0.94x (bf16), 0.97x (f16); 4 rows of 768 x 3072 0.91-0.92x (int8, 1024 columns), 3 rows
-  // 0.91x (int8); the 4-row int8 LM head 0.96-0.98x, bf16 0.96x. Not for 5 or 6 tokens: 512 columns took
-  // 0.98-1.03x as long, and 1024 (24 KiB of inputs) 1.17x (bf16, 6 rows).
+  // stay in L1; I8 tiles of 1-2 tokens over half a group too): chunks of up to 64 KiB of weights whose inputs
+  // (n * KC floats) take at most 12 KiB of L1, fewer calls a group. On the AMD Zen 3 (AVX2, 2 threads, 30
+  // alternating rounds over 8 matrices that fit L3 but not L2, medians of the paired ratios) 4 rows of 3072 x 768
+  // took 0.93-0.94x as long with 768 columns a chunk than with 256 (int8), 0.94x (bf16), 0.97x (f16); 4 rows of
+  // 768 x 3072 0.91-0.92x (int8, 1024 columns), 3 rows 0.91x (int8); the 4-row int8 LM head 0.96-0.98x, bf16
+  // 0.96x. Not for 5 or 6 tokens: 512 columns took 0.98-1.03x as long, and 1024 (24 KiB of inputs) 1.17x (bf16,
+  // 6 rows).
   if (tiles == 1 && n <= 4) {
     const int64_t wide = std::min<int64_t>(65536 / (G * col_bytes_c(T)), 3072 / n) / bk * bk;
     KC = std::max(KC, wide);
