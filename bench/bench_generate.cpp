@@ -338,9 +338,9 @@ std::map<std::string, double> g_batch1_step;  // ms per batch-1 step, by "type/t
 // x_floor against the probe's bandwidth (measured beside the benchmark); floor_GBps is that bandwidth.
 // x_floor: the median time against the floor at the probes' median bandwidth. x_floor_paired: the median over the
 // repetitions of each one's time against the floor of the probes read right before and right after it (their mean
-// bandwidth), which follows a machine whose memory speed drifts between repetitions.
-void set_floor(benchmark::State& state, double ms, double bytes, size_t threads, const FloorProbe& probe,
-               const std::vector<double>& paired = {}) {
+// bandwidth), which follows a machine whose memory speed drifts between repetitions. Returns the floor (ms).
+double set_floor(benchmark::State& state, double ms, double bytes, size_t threads, const FloorProbe& probe,
+                 const std::vector<double>& paired = {}) {
   if (!paired.empty()) state.counters["x_floor_paired"] = median(paired);
   const double floor2 = bytes / (probe.gbps() * 1e6);
   state.counters["floor_GBps"] = probe.gbps();
@@ -348,6 +348,7 @@ void set_floor(benchmark::State& state, double ms, double bytes, size_t threads,
   state.counters["floor_ms"] = floor2;
   state.counters["x_floor"] = ms / floor2;
   if (threads != 2) state.counters["x_floor_same_threads"] = ms / (bytes / (bandwidth(threads) * 1e6));
+  return floor2;
 }
 
 void BM_Decode(benchmark::State& state, std::string type) {
@@ -465,11 +466,11 @@ void BM_Seed4(benchmark::State& state, std::string type) {
   state.counters["x_batch1_paired"] = median(ratio1);
   auto it = g_batch1_step.find(type + "/" + std::to_string(threads));
   if (it != g_batch1_step.end()) state.counters["x_batch1_step"] = ms / it->second;
-  set_floor(state, ms, bytes, threads, probe, paired);
+  const double read_ms = set_floor(state, ms, bytes, threads, probe, paired);
   const double fma_ms = step_flops(m.config(), double(kSeedPrompts.size()), mean_len) / peak_flops(2) * 1e3;
   state.counters["fma_floor_ms"] = fma_ms;
   state.counters["x_fma_floor"] = ms / fma_ms;
-  state.counters["batch1_bound"] = std::max(1.0, fma_ms / (bytes / (probe.gbps() * 1e6)));
+  state.counters["batch1_bound"] = std::max(1.0, fma_ms / read_ms);
 }
 
 // FLOPs of one pass of T tokens (last-token logits only): 2 per multiply-add.

@@ -424,9 +424,10 @@ class SpeculativeSequence final : public Speculation::Sequence {
     }
     out = d_->propose(tokens, k);
     drafted_at_ = clock::now();
-    if (stats_) stats_->draft_ms += std::chrono::duration<double, std::milli>(drafted_at_ - t0).count();
+    const double ms = std::chrono::duration<double, std::milli>(drafted_at_ - t0).count();
+    if (stats_) stats_->draft_ms += ms;
     // (the first proposals after the prompt or a pause include the drafter's catching up: not a draft's cost)
-    if (caught_up_) draft_ms_ = std::chrono::duration<double, std::milli>(drafted_at_ - t0).count();
+    if (caught_up_) draft_ms_ = ms;
     caught_up_ = true;
     if (int64_t(out.size()) > k) out.resize(size_t(k));
     for (size_t j = 0; j < out.size(); ++j) {
